@@ -1,0 +1,76 @@
+//! Device selection (`--device cpu|cuda[:N]|metal|auto`) and compute dtype parsing.
+use candle_core::{DType, Device};
+
+use crate::error::{Error, Result};
+
+/// Resolves a `--device` argument. `auto` picks a compiled-in GPU when one is present, else the CPU.
+pub fn parse_device(spec: &str) -> Result<Device> {
+    let spec = spec.trim().to_ascii_lowercase();
+    match spec.as_str() {
+        "auto" => Ok(auto_device()),
+        "cpu" => Ok(Device::Cpu),
+        "metal" => metal(0),
+        s if s == "cuda" || s.starts_with("cuda:") => {
+            let ordinal = match s.strip_prefix("cuda:") {
+                None => 0,
+                Some(n) => n.parse::<usize>().map_err(|_| Error::Device(format!("bad CUDA ordinal in `{spec}`")))?,
+            };
+            cuda(ordinal)
+        }
+        _ => Err(Error::Device(format!("unknown device `{spec}` (expected cpu, cuda, cuda:N, metal or auto)"))),
+    }
+}
+
+fn auto_device() -> Device {
+    if candle_core::utils::cuda_is_available() {
+        if let Ok(d) = Device::new_cuda(0) {
+            return d;
+        }
+    }
+    if candle_core::utils::metal_is_available() {
+        if let Ok(d) = Device::new_metal(0) {
+            return d;
+        }
+    }
+    Device::Cpu
+}
+
+fn cuda(ordinal: usize) -> Result<Device> {
+    if !cfg!(feature = "cuda") {
+        return Err(Error::Device("CUDA was requested but this edgerun was built without the `cuda` feature".into()));
+    }
+    Device::new_cuda(ordinal).map_err(|e| Error::Device(format!("cannot open CUDA device {ordinal}: {e}")))
+}
+
+fn metal(ordinal: usize) -> Result<Device> {
+    if !cfg!(feature = "metal") {
+        return Err(Error::Device("Metal was requested but this edgerun was built without the `metal` feature".into()));
+    }
+    Device::new_metal(ordinal).map_err(|e| Error::Device(format!("cannot open Metal device {ordinal}: {e}")))
+}
+
+/// Parses a `--dtype` argument (`f32`, `f16`, `bf16`).
+pub fn parse_dtype(spec: &str) -> Result<DType> {
+    match spec.trim().to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "f16" | "float16" | "half" => Ok(DType::F16),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        other => Err(Error::Device(format!("unknown dtype `{other}` (expected f32, f16 or bf16)"))),
+    }
+}
+
+/// A human name for a device (`cpu`, `cuda:0`, `metal`).
+pub fn device_name(d: &Device) -> String {
+    match d {
+        Device::Cpu => "cpu".into(),
+        Device::Cuda(_) => "cuda".into(),
+        Device::Metal(_) => "metal".into(),
+    }
+}
+
+/// Sets the number of CPU threads used by Candle's thread pools (call before any tensor work).
+pub fn set_threads(n: usize) {
+    // Both variables are read once, when Candle's pools start; this runs before any tensor op.
+    std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+}

@@ -1,0 +1,65 @@
+//! The library's error type.
+use std::path::PathBuf;
+
+/// Everything that can go wrong inside the edgerun library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A weight, input or config file is malformed; names the file and the problem.
+    #[error("{path}: {msg}")]
+    BadFile {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// A tensor inside a weight file is malformed or missing.
+    #[error("{path}: tensor `{name}`: {msg}")]
+    BadTensor {
+        /// The file holding (or expected to hold) the tensor.
+        path: PathBuf,
+        /// The tensor name.
+        name: String,
+        /// What is wrong with it.
+        msg: String,
+    },
+    /// A model configuration is invalid or unsupported.
+    #[error("config: {0}")]
+    Config(String),
+    /// An input tensor or image does not fit the model.
+    #[error("input: {0}")]
+    Input(String),
+    /// The requested device or dtype is not available in this build or on this machine.
+    #[error("device: {0}")]
+    Device(String),
+    /// An I/O error on a named file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file being read or written.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An error raised by a Candle op.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// The library's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// A malformed-file error.
+    pub fn bad_file(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::BadFile { path: path.into(), msg: msg.into() }
+    }
+
+    /// A malformed-tensor error.
+    pub fn bad_tensor(path: impl Into<PathBuf>, name: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::BadTensor { path: path.into(), name: name.into(), msg: msg.into() }
+    }
+
+    /// An I/O error on `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}

@@ -1,0 +1,11 @@
+//! edgerun: perception and physics models at the edge, on Candle.
+pub mod device;
+pub mod fsutil;
+pub mod error;
+pub mod models;
+pub mod nn;
+pub mod quantize;
+pub mod tensor_io;
+pub mod weights;
+
+pub use error::{Error, Result};

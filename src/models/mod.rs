@@ -1,0 +1,41 @@
+//! Model families and the registry that picks one from a checkpoint's architecture name.
+use std::collections::BTreeMap;
+
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// Tensors by name, as read from or written to a safetensors file.
+pub type NamedTensors = BTreeMap<String, Tensor>;
+
+/// A loaded model whose raw forward pass maps named input tensors to named outputs,
+/// using the reference implementation's tensor names.
+pub trait Model: Send + Sync {
+    /// The architecture name (`model_type` as the reference writes it).
+    fn architecture(&self) -> &str;
+    /// The input names this model expects.
+    fn input_names(&self) -> Vec<&'static str>;
+    /// Runs the forward pass on already-preprocessed tensors.
+    fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors>;
+}
+
+/// The architectures `load` knows, as `model_type` strings.
+pub const ARCHITECTURES: &[&str] = &[];
+
+/// Loads the model stored in `store`, picking the family from its architecture name.
+pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
+    use crate::error::Error;
+    let arch = store.architecture().ok_or_else(|| {
+        Error::bad_file(store.root(), "no architecture: config.json has no `model_type` (and no GGUF general.architecture)")
+    })?;
+    let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
+    let config = store.config().clone();
+    let _ = (&vb, &config);
+    match arch.as_str() {
+        other => Err(Error::Config(format!(
+            "{}: unknown architecture `{other}` (supported: {})",
+            store.root().display(),
+            ARCHITECTURES.join(", ")
+        ))),
+    }
+}

@@ -1,0 +1,84 @@
+//! A linear layer whose weight is dense or kept block-quantized (QMatMul), chosen by how it is stored.
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Module, Tensor};
+
+use crate::error::Result;
+use crate::weights::Vb;
+
+/// The weight of a linear layer.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// Dense `[out, in]`, in the compute dtype.
+    Dense(Tensor),
+    /// Block-quantized `[out, in]`.
+    Quantized(QMatMul),
+}
+
+/// `y = x Wᵀ + b` over the last dimension; any number of leading dimensions.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Weight,
+    bias: Option<Tensor>,
+    out_dim: usize,
+}
+
+impl Linear {
+    /// Loads `weight` `[out, in]` (and `bias` `[out]` when `bias`) under `vb`.
+    pub fn load(vb: &Vb, in_dim: usize, out_dim: usize, bias: bool) -> Result<Self> {
+        let weight = match vb.qtensor("weight")? {
+            Some(q) => {
+                if q.shape().dims() != [out_dim, in_dim] {
+                    return Err(crate::Error::bad_tensor(
+                        vb.store().root(),
+                        vb.path("weight"),
+                        format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
+                    ));
+                }
+                Weight::Quantized(QMatMul::from_qtensor(q)?)
+            }
+            None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
+        };
+        let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
+        Ok(Linear { weight, bias, out_dim })
+    }
+
+    /// Builds from tensors already in memory.
+    pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
+        let out_dim = weight.dim(0)?;
+        Ok(Linear { weight: Weight::Dense(weight), bias, out_dim })
+    }
+
+    /// Whether the weight is kept quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.weight, Weight::Quantized(_))
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let in_dim = *dims.last().unwrap_or(&0);
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        let x2 = x.reshape((rows, in_dim))?;
+        let y = match &self.weight {
+            Weight::Dense(w) => x2.matmul(&w.t()?)?,
+            Weight::Quantized(q) => {
+                let dt = x2.dtype();
+                if dt == DType::F32 {
+                    q.forward(&x2)?
+                } else {
+                    q.forward(&x2.to_dtype(DType::F32)?)?.to_dtype(dt)?
+                }
+            }
+        };
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out_dims = dims;
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.out_dim;
+        }
+        y.reshape(out_dims)
+    }
+}
