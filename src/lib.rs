@@ -1,6 +1,7 @@
 //! edgerun: perception and physics models at the edge, on Candle.
 pub mod device;
 pub mod fsutil;
+pub mod imageio;
 pub mod error;
 pub mod models;
 pub mod nn;

@@ -1,4 +1,7 @@
 //! Model families and the registry that picks one from a checkpoint's architecture name.
+pub mod depth_anything;
+pub mod segformer;
+
 use std::collections::BTreeMap;
 
 use candle_core::Tensor;
@@ -20,7 +23,7 @@ pub trait Model: Send + Sync {
 }
 
 /// The architectures `load` knows, as `model_type` strings.
-pub const ARCHITECTURES: &[&str] = &[];
+pub const ARCHITECTURES: &[&str] = &["depth_anything", "segformer", ];
 
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
@@ -32,6 +35,8 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let config = store.config().clone();
     let _ = (&vb, &config);
     match arch.as_str() {
+        "depth_anything" => Ok(Box::new(depth_anything::DepthAnything::load(&vb, &config)?)),
+        "segformer" => Ok(Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?)),
         other => Err(Error::Config(format!(
             "{}: unknown architecture `{other}` (supported: {})",
             store.root().display(),
@@ -39,3 +44,4 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
         ))),
     }
 }
+pub mod lgatr;

@@ -82,3 +82,27 @@ impl Module for Linear {
         y.reshape(out_dims)
     }
 }
+
+impl Linear {
+    /// Fuses several dense layers over the same input into one (outputs concatenated), or None when
+    /// any part is quantized.
+    pub fn concat(parts: &[Linear]) -> Result<Option<Linear>> {
+        let mut ws = Vec::with_capacity(parts.len());
+        let mut bs = Vec::with_capacity(parts.len());
+        for p in parts {
+            let Weight::Dense(w) = &p.weight else { return Ok(None) };
+            ws.push(w.clone());
+            bs.push(p.bias.clone());
+        }
+        let bias = if bs.iter().all(|b| b.is_some()) {
+            let bs: Vec<Tensor> = bs.into_iter().flatten().collect();
+            Some(Tensor::cat(&bs, 0)?)
+        } else if bs.iter().all(|b| b.is_none()) {
+            None
+        } else {
+            return Ok(None);
+        };
+        let w = Tensor::cat(&ws, 0)?;
+        Ok(Some(Linear { out_dim: w.dim(0)?, weight: Weight::Dense(w), bias }))
+    }
+}

@@ -1,4 +1,10 @@
 //! Shared building blocks that the model files compose.
+pub mod activation;
+pub mod attention;
+pub mod dinov2;
+pub mod dpt;
+pub mod depthwise;
+pub mod interpolate;
 pub mod layers;
 pub mod linear;
 

@@ -164,7 +164,8 @@ impl<'a> Cursor<'a> {
                 if n.saturating_mul(min_elem) > remaining {
                     return Err(format!("{what}: array of {n} elements cannot fit in the {remaining} bytes left: truncated?"));
                 }
-                let mut v = Vec::with_capacity(n as usize);
+                // Grows as elements are actually read; the declared count only sizes a bounded hint.
+                let mut v = Vec::with_capacity(n.min(4096) as usize);
                 for _ in 0..n {
                     v.push(self.value(elem_ty, depth + 1, what)?);
                 }
@@ -272,14 +273,13 @@ pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<GgufHeader, S
             )
         })?;
         let _ = end;
-        tensors.push(TensorEntry {
-            name: r.name,
-            dtype: r.dtype,
-            shape: r.shape,
-            file,
-            start: (data_start + r.offset) as usize,
-            len: r.len,
-        });
+        let start = data_start + r.offset;
+        // Candle reinterprets GGML block bytes in place (blocks hold f16/f32 fields), so quantized data
+        // must start on a 4-byte boundary of the (page-aligned) mapping; `general.alignment` 1 or 2 allows less.
+        if r.dtype.is_quantized() && start % 4 != 0 {
+            return Err(format!("tensor `{}`: quantized data at byte {start} is not 4-byte aligned", r.name));
+        }
+        tensors.push(TensorEntry { name: r.name, dtype: r.dtype, shape: r.shape, file, start: start as usize, len: r.len });
     }
     let mut refs: Vec<&TensorEntry> = tensors.iter().collect();
     check_no_overlap(&mut refs)?;

@@ -74,8 +74,9 @@ pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<SafetensorsHe
     let json = &bytes[8..header_end];
     let entries: Entries =
         serde_json::from_slice(json).map_err(|e| format!("header is not a valid JSON object: {e}"))?;
-    if entries.0.len() as u64 > limits.max_tensors + 1 {
-        return Err(format!("header declares {} entries, more than the limit of {}", entries.0.len(), limits.max_tensors));
+    let n_tensors = entries.0.iter().filter(|(k, _)| k != "__metadata__").count();
+    if n_tensors as u64 > limits.max_tensors {
+        return Err(format!("header declares {n_tensors} tensors, more than the limit of {}", limits.max_tensors));
     }
     let data = &bytes[header_end..];
     let mut seen = std::collections::HashSet::new();

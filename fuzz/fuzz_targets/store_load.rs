@@ -1,0 +1,30 @@
+//! Writes the input to a temporary file (as `.gguf` or `.safetensors`, chosen by its first bytes),
+//! opens it through `WeightStore::open` and loads every tensor: errors are fine, panics are not.
+#![no_main]
+use candle_core::{DType, Device};
+use edgerun::weights::WeightStore;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(dir) = tempfile::tempdir() else { return };
+    let name = if data.starts_with(b"GGUF") { "model.gguf" } else { "model.safetensors" };
+    let path = dir.path().join(name);
+    if std::fs::write(&path, data).is_err() {
+        return;
+    }
+    let Ok(store) = WeightStore::open(&path) else { return };
+    let _ = store.architecture();
+    for v in store.metadata().values() {
+        let _ = v.summary();
+    }
+    let names: Vec<String> = store.entries().keys().cloned().collect();
+    for name in names {
+        let _ = store.info(&name);
+        for dt in [DType::F32, DType::F16] {
+            if let Ok(t) = store.tensor(&name, dt, &Device::Cpu) {
+                assert_eq!(t.dims(), store.entries()[&name].shape.as_slice());
+            }
+        }
+        let _ = store.qtensor(&name, &Device::Cpu);
+    }
+});

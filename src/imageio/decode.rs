@@ -1,0 +1,76 @@
+//! Decoding images into RGB tensors, refusing oversized or malformed files.
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use image::{ImageReader, RgbImage};
+
+use crate::error::{Error, Result};
+
+/// Limits applied before and during decoding.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageLimits {
+    /// Largest accepted width or height in pixels.
+    pub max_side: u32,
+    /// Largest accepted pixel count.
+    pub max_pixels: u64,
+    /// Largest decoder allocation in bytes.
+    pub max_alloc: u64,
+}
+
+impl Default for ImageLimits {
+    fn default() -> Self {
+        ImageLimits { max_side: 20_000, max_pixels: 120_000_000, max_alloc: 1 << 30 }
+    }
+}
+
+/// Decodes `path` as 8-bit RGB, checking its declared size against `limits` before decoding.
+pub fn load_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage> {
+    let bad = |m: String| Error::bad_file(path, m);
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.len() == 0 {
+        return Err(bad("file is empty".into()));
+    }
+    let reader = ImageReader::open(path)
+        .map_err(|e| Error::io(path, e))?
+        .with_guessed_format()
+        .map_err(|e| Error::io(path, e))?;
+    if reader.format().is_none() {
+        return Err(bad("not a recognised image format".into()));
+    }
+    let (w, h) = reader
+        .into_dimensions()
+        .map_err(|e| bad(format!("cannot read image header: {e}")))?;
+    check_size(w, h, limits).map_err(bad)?;
+    let mut reader = ImageReader::open(path)
+        .map_err(|e| Error::io(path, e))?
+        .with_guessed_format()
+        .map_err(|e| Error::io(path, e))?;
+    let mut l = image::Limits::default();
+    l.max_image_width = Some(limits.max_side);
+    l.max_image_height = Some(limits.max_side);
+    l.max_alloc = Some(limits.max_alloc);
+    reader.limits(l);
+    let img = reader.decode().map_err(|e| bad(format!("cannot decode image: {e}")))?;
+    Ok(img.into_rgb8())
+}
+
+fn check_size(w: u32, h: u32, limits: &ImageLimits) -> std::result::Result<(), String> {
+    if w == 0 || h == 0 {
+        return Err(format!("image has zero size {w}×{h}"));
+    }
+    if w > limits.max_side || h > limits.max_side || (w as u64) * (h as u64) > limits.max_pixels {
+        return Err(format!(
+            "image is {w}×{h}, larger than the limit ({} px per side, {} pixels)",
+            limits.max_side, limits.max_pixels
+        ));
+    }
+    Ok(())
+}
+
+/// An RGB image as an f32 tensor `[3, H, W]` with values in [0, 1].
+pub fn rgb_to_tensor(img: &RgbImage, device: &Device) -> Result<Tensor> {
+    let (w, h) = img.dimensions();
+    let data: Vec<f32> = img.as_raw().iter().map(|&v| v as f32 / 255.0).collect();
+    let t = Tensor::from_vec(data, (h as usize, w as usize, 3), device)?;
+    Ok(t.permute((2, 0, 1))?.contiguous()?)
+}

@@ -1,0 +1,187 @@
+//! Depth Anything (V1/V2, relative and metric): transformers `DepthAnythingForDepthEstimation`.
+use candle_core::{Module, Tensor};
+use candle_nn::Conv2d;
+use serde::Deserialize;
+
+use super::{Model, NamedTensors};
+use crate::error::{Error, Result};
+use crate::nn::dinov2::{Dinov2, Dinov2Config, PosEmbedResize};
+use crate::nn::dpt::{same3x3, tokens_to_grid, FusionStage, ReassembleLayer};
+use crate::nn::interpolate::bilinear;
+use crate::nn::layers::conv2d;
+use crate::weights::Vb;
+
+/// `DepthAnythingConfig` as transformers 5.24 writes it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    /// The DINOv2 backbone's config.
+    pub backbone_config: Dinov2Config,
+    /// Token width entering the neck.
+    #[serde(default = "d384")]
+    pub reassemble_hidden_size: usize,
+    /// Backbone patch size.
+    #[serde(default = "d14")]
+    pub patch_size: usize,
+    /// Channels per reassembled level.
+    #[serde(default = "neck")]
+    pub neck_hidden_sizes: Vec<usize>,
+    /// Resolution factor per level.
+    #[serde(default = "factors")]
+    pub reassemble_factors: Vec<f64>,
+    /// Fusion width.
+    #[serde(default = "d64")]
+    pub fusion_hidden_size: usize,
+    /// Which fused map the head reads.
+    #[serde(default = "minus1")]
+    pub head_in_index: i64,
+    /// Width of the head's last hidden conv.
+    #[serde(default = "d32")]
+    pub head_hidden_size: usize,
+    /// `relative` (ReLU) or `metric` (sigmoid × max_depth).
+    #[serde(default = "relative")]
+    pub depth_estimation_type: String,
+    /// Output scale.
+    #[serde(default)]
+    pub max_depth: Option<f64>,
+}
+
+fn d384() -> usize { 384 }
+fn d14() -> usize { 14 }
+fn d64() -> usize { 64 }
+fn d32() -> usize { 32 }
+fn minus1() -> i64 { -1 }
+fn neck() -> Vec<usize> { vec![96, 192, 384, 768] }
+fn factors() -> Vec<f64> { vec![4.0, 2.0, 1.0, 0.5] }
+fn relative() -> String { "relative".into() }
+
+/// Whether the head ends in ReLU (relative disparity) or sigmoid × max_depth (metres).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepthKind {
+    /// Affine-invariant inverse depth.
+    Relative,
+    /// Metric depth in metres.
+    Metric,
+}
+
+/// The depth head: conv → resize to input → conv → ReLU → 1×1 conv → activation × max_depth.
+struct Head {
+    conv1: Conv2d,
+    conv2: Conv2d,
+    conv3: Conv2d,
+    kind: DepthKind,
+    max_depth: f64,
+}
+
+/// A loaded Depth Anything model.
+pub struct DepthAnything {
+    backbone: Dinov2,
+    indices: Vec<usize>,
+    reassemble: Vec<ReassembleLayer>,
+    convs: Vec<Conv2d>,
+    fusion: FusionStage,
+    head: Head,
+    head_in: usize,
+    patch: usize,
+}
+
+impl DepthAnything {
+    /// Builds the model from the hub layout (`backbone.*`, `neck.*`, `head.*`).
+    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
+        let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("depth_anything config: {e}")))?;
+        let kind = match cfg.depth_estimation_type.as_str() {
+            "relative" => DepthKind::Relative,
+            "metric" => DepthKind::Metric,
+            o => return Err(Error::Config(format!("unknown depth_estimation_type `{o}`"))),
+        };
+        let indices = cfg.backbone_config.feature_indices()?;
+        let levels = cfg.neck_hidden_sizes.len().min(cfg.reassemble_factors.len());
+        if levels == 0 || indices.len() != cfg.neck_hidden_sizes.len() {
+            return Err(Error::Config(format!(
+                "{} backbone feature maps for {} neck levels",
+                indices.len(),
+                cfg.neck_hidden_sizes.len()
+            )));
+        }
+        let backbone = Dinov2::load(&vb.pp("backbone"), &cfg.backbone_config, PosEmbedResize::HfSize)?;
+        let neck = vb.pp("neck");
+        let reassemble = (0..levels)
+            .map(|i| {
+                ReassembleLayer::load(
+                    &neck.pp("reassemble_stage").pp("layers").pp(i),
+                    cfg.reassemble_hidden_size,
+                    cfg.neck_hidden_sizes[i],
+                    cfg.reassemble_factors[i],
+                )
+            })
+            .collect::<Result<_>>()?;
+        let f = cfg.fusion_hidden_size;
+        let convs = cfg
+            .neck_hidden_sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| conv2d(&neck.pp("convs").pp(i), c, f, 3, same3x3(), false))
+            .collect::<Result<_>>()?;
+        let fusion = FusionStage::load(&neck.pp("fusion_stage"), f, cfg.neck_hidden_sizes.len())?;
+        let h = vb.pp("head");
+        let head = Head {
+            conv1: conv2d(&h.pp("conv1"), f, f / 2, 3, same3x3(), true)?,
+            conv2: conv2d(&h.pp("conv2"), f / 2, cfg.head_hidden_size, 3, same3x3(), true)?,
+            conv3: conv2d(&h.pp("conv3"), cfg.head_hidden_size, 1, 1, Default::default(), true)?,
+            kind,
+            max_depth: cfg.max_depth.unwrap_or(1.0),
+        };
+        let n = cfg.neck_hidden_sizes.len() as i64;
+        let head_in = if cfg.head_in_index < 0 { cfg.head_in_index + n } else { cfg.head_in_index };
+        if !(0..n).contains(&head_in) {
+            return Err(Error::Config(format!("head_in_index {} out of range", cfg.head_in_index)));
+        }
+        Ok(DepthAnything { backbone, indices, reassemble, convs, fusion, head, head_in: head_in as usize, patch: cfg.patch_size })
+    }
+
+    /// Whether outputs are relative or metric.
+    pub fn kind(&self) -> DepthKind {
+        self.head.kind
+    }
+
+    /// Patch size; input sides are used in multiples of it.
+    pub fn patch_size(&self) -> usize {
+        self.patch
+    }
+
+    /// `pixel_values` `[B, 3, H, W]` → `predicted_depth` `[B, H', W']` (H' = ⌊H/p⌋·p).
+    pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;
+        let mut feats = Vec::with_capacity(tokens.len());
+        for ((t, re), conv) in tokens.iter().zip(&self.reassemble).zip(&self.convs) {
+            let grid = tokens_to_grid(t, 1, ph, pw)?;
+            feats.push(conv.forward(&re.forward(&grid)?)?);
+        }
+        let fused = self.fusion.forward(&feats)?;
+        let x = &fused[self.head_in];
+        let x = self.head.conv1.forward(x)?;
+        let x = bilinear(&x, ph * self.patch, pw * self.patch, true)?;
+        let x = self.head.conv3.forward(&self.head.conv2.forward(&x)?.relu()?)?;
+        let x = match self.head.kind {
+            DepthKind::Relative => x.relu()?,
+            DepthKind::Metric => candle_nn::ops::sigmoid(&x)?,
+        };
+        Ok((x * self.head.max_depth)?.squeeze(1)?)
+    }
+}
+
+impl Model for DepthAnything {
+    fn architecture(&self) -> &str {
+        "depth_anything"
+    }
+
+    fn input_names(&self) -> Vec<&'static str> {
+        vec!["pixel_values"]
+    }
+
+    fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
+        let x = inputs.get("pixel_values").ok_or_else(|| Error::Input("missing input `pixel_values`".into()))?;
+        let mut out = NamedTensors::new();
+        out.insert("predicted_depth".into(), self.forward(x)?);
+        Ok(out)
+    }
+}

@@ -1,0 +1,192 @@
+//! The geometric product: a CPU kernel over the 256-term gather table (the fast path), plus the two
+//! tensor-op forms lgatr has (dense GEMM against the 16×16×16 table, sparse gather) which also
+//! serve as the fallback on other devices.
+use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
+
+use super::algebra::{geometric_product_table, GP_INDEX, GP_SIGN};
+use crate::error::{Error, Result};
+
+/// Minimum number of multivector products per thread before the kernel splits work.
+const PAR_GRAIN: usize = 8192;
+
+/// `(R, 2·C·16 + P)` rows `[left (C, 16) | right (C, 16) | pass (P)]` →
+/// `(R, C·16 + P)` rows `[left_c · right_c (C, 16) | pass (P)]`.
+#[derive(Debug, Clone, Copy)]
+struct GpKernel {
+    channels: usize,
+    pass: usize,
+    bivector: bool,
+}
+
+trait Field: Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self> {}
+impl Field for f32 {}
+impl Field for f64 {}
+
+#[inline(always)]
+fn gp16<T: Field>(x: &[T], y: &[T], out: &mut [T], bivector: bool) {
+    for i in 0..16 {
+        let mut acc = T::default();
+        for j in 0..16 {
+            let p = x[j] * y[GP_INDEX[i][j]];
+            acc = if GP_SIGN[i][j] > 0.0 { acc + p } else { acc - p };
+        }
+        out[i] = if !bivector && (5..11).contains(&i) { T::default() } else { acc };
+    }
+}
+
+impl GpKernel {
+    fn run<T: Field>(&self, src: &[T], rows: usize) -> Vec<T> {
+        let (c, p) = (self.channels, self.pass);
+        let w_in = 2 * c * 16 + p;
+        let w_out = c * 16 + p;
+        let mut dst = vec![T::default(); rows * w_out];
+        let work = |src: &[T], dst: &mut [T]| {
+            for (row_in, row_out) in src.chunks_exact(w_in).zip(dst.chunks_exact_mut(w_out)) {
+                let (left, rest) = row_in.split_at(c * 16);
+                let (right, pass) = rest.split_at(c * 16);
+                let (gp, pass_out) = row_out.split_at_mut(c * 16);
+                for ch in 0..c {
+                    let r = ch * 16..(ch + 1) * 16;
+                    gp16(&left[r.clone()], &right[r.clone()], &mut gp[r], self.bivector);
+                }
+                pass_out.copy_from_slice(pass);
+            }
+        };
+        let threads = candle_core::utils::get_num_threads().max(1);
+        let per = rows.div_ceil(threads).max(PAR_GRAIN.div_ceil(c.max(1)));
+        if threads == 1 || rows <= per {
+            work(src, &mut dst);
+        } else {
+            std::thread::scope(|scope| {
+                for (s, d) in src.chunks(per * w_in).zip(dst.chunks_mut(per * w_out)) {
+                    scope.spawn(move || work(s, d));
+                }
+            });
+        }
+        dst
+    }
+}
+
+impl CustomOp1 for GpKernel {
+    fn name(&self) -> &'static str {
+        "lgatr-geometric-product"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (o1, o2) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("lgatr gp kernel: input must be contiguous".into()))?;
+        let (rows, w) = layout.shape().dims2()?;
+        if w != 2 * self.channels * 16 + self.pass {
+            candle_core::bail!("lgatr gp kernel: width {w} != 2·{}·16 + {}", self.channels, self.pass);
+        }
+        let out_shape = Shape::from((rows, self.channels * 16 + self.pass));
+        match storage {
+            CpuStorage::F32(v) => Ok((CpuStorage::F32(self.run(&v[o1..o2], rows)), out_shape)),
+            CpuStorage::F64(v) => Ok((CpuStorage::F64(self.run(&v[o1..o2], rows)), out_shape)),
+            other => candle_core::bail!("lgatr gp kernel: unsupported dtype {:?}", other.dtype()),
+        }
+    }
+}
+
+/// The dense table as a `(256, 16)` tensor `T[(j,k), i] = GP[i, j, k]`.
+pub fn gp_table_tensor(device: &candle_core::Device, dtype: DType) -> Result<Tensor> {
+    let gp = geometric_product_table();
+    let mut t = vec![0.0f64; 256 * 16];
+    for (i, gpi) in gp.iter().enumerate() {
+        for j in 0..16 {
+            for k in 0..16 {
+                t[(j * 16 + k) * 16 + i] = gpi[j][k];
+            }
+        }
+    }
+    Ok(Tensor::from_vec(t, (256, 16), device)?.to_dtype(dtype)?)
+}
+
+/// Dense form: `outer(x, y) (R, 256) @ GP (256, 16)` on `(R, 16)` rows.
+pub fn gp_dense_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let (r, _) = x.dims2()?;
+    let table = gp_table_tensor(x.device(), x.dtype())?;
+    let outer = x.unsqueeze(2)?.broadcast_mul(&y.unsqueeze(1)?)?.reshape((r, 256))?;
+    Ok(outer.matmul(&table)?)
+}
+
+/// Gather form (lgatr's `sparse_gp`): `Σ_j sign[i,j] · x[j] · y[idx[i,j]]` on `(R, 16)` rows.
+pub fn gp_gather_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let (r, _) = x.dims2()?;
+    let dev = x.device();
+    let idx: Vec<u32> = GP_INDEX.iter().flatten().map(|&k| k as u32).collect();
+    let idx = Tensor::from_vec(idx, 256, dev)?;
+    let signs: Vec<f64> = GP_SIGN.iter().flatten().copied().collect();
+    let signs = Tensor::from_vec(signs, (16, 16), dev)?.to_dtype(x.dtype())?;
+    let yg = y.contiguous()?.index_select(&idx, 1)?.reshape((r, 16, 16))?;
+    let prod = yg.broadcast_mul(&signs)?.broadcast_mul(&x.unsqueeze(1)?)?;
+    Ok(prod.sum(2)?)
+}
+
+fn use_kernel(t: &Tensor) -> bool {
+    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+}
+
+/// The geometric product channel by channel on fused rows: `(R, 2·C·16 + P)` =
+/// `[left | right | pass]` → `(R, C·16 + P)` = `[left · right | pass]`; with `bivector = false`
+/// the grade-2 part of the product is zeroed (lgatr's `PrimitivesConfig.bivector`).
+pub fn gp_fused(lr: &Tensor, channels: usize, pass: usize, bivector: bool) -> Result<Tensor> {
+    let (r, w) = lr.dims2()?;
+    if w != 2 * channels * 16 + pass {
+        return Err(Error::Input(format!("gp_fused: width {w} != 2·{channels}·16 + {pass}")));
+    }
+    if use_kernel(lr) {
+        let lr = lr.contiguous()?;
+        return Ok(lr.apply_op1_no_bwd(&GpKernel { channels, pass, bivector })?);
+    }
+    let cw = channels * 16;
+    let left = lr.narrow(1, 0, cw)?.contiguous()?.reshape((r * channels, 16))?;
+    let right = lr.narrow(1, cw, cw)?.contiguous()?.reshape((r * channels, 16))?;
+    let mut g = gp_dense_rows(&left, &right)?;
+    if !bivector {
+        let mask: Vec<f64> = (0..16).map(|i| if (5..11).contains(&i) { 0.0 } else { 1.0 }).collect();
+        let mask = Tensor::from_vec(mask, 16, lr.device())?.to_dtype(lr.dtype())?;
+        g = g.broadcast_mul(&mask)?;
+    }
+    let g = g.reshape((r, cw))?;
+    if pass == 0 {
+        Ok(g)
+    } else {
+        Ok(Tensor::cat(&[&g, &lr.narrow(1, 2 * cw, pass)?], 1)?)
+    }
+}
+
+/// Which implementation [`geometric_product_with`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpImpl {
+    /// The CPU kernel (falls back to `Dense` elsewhere).
+    Kernel,
+    /// Outer product and a `(256, 16)` GEMM.
+    Dense,
+    /// `index_select` gather and a sum.
+    Gather,
+}
+
+/// `geometric_product(x, y)` of lgatr on `(..., 16)` tensors (broadcast against each other).
+pub fn geometric_product(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    geometric_product_with(x, y, GpImpl::Kernel)
+}
+
+/// [`geometric_product`] with an explicit implementation.
+pub fn geometric_product_with(x: &Tensor, y: &Tensor, imp: GpImpl) -> Result<Tensor> {
+    if x.dims().last() != Some(&16) || y.dims().last() != Some(&16) {
+        return Err(Error::Input(format!("geometric_product expects (..., 16), got {:?} and {:?}", x.dims(), y.dims())));
+    }
+    let shape = x.shape().broadcast_shape_binary_op(y.shape(), "geometric_product")?;
+    let x = x.broadcast_as(&shape)?.contiguous()?;
+    let y = y.broadcast_as(&shape)?.contiguous()?;
+    let r = shape.elem_count() / 16;
+    let (x2, y2) = (x.reshape((r, 16))?, y.reshape((r, 16))?);
+    let out = match imp {
+        GpImpl::Kernel if use_kernel(&x2) => gp_fused(&Tensor::cat(&[&x2, &y2], 1)?, 1, 0, true)?,
+        GpImpl::Kernel | GpImpl::Dense => gp_dense_rows(&x2, &y2)?,
+        GpImpl::Gather => gp_gather_rows(&x2, &y2)?,
+    };
+    Ok(out.reshape(shape)?)
+}

@@ -1,0 +1,362 @@
+//! Typed configs mirroring lgatr 2.0.0's constructor keyword arguments (`config.json` minus
+//! `model_type`), with lgatr's defaults. Unknown keys are rejected.
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+fn yes() -> bool {
+    true
+}
+fn default_heads() -> usize {
+    8
+}
+fn one() -> usize {
+    1
+}
+fn two() -> usize {
+    2
+}
+fn four() -> usize {
+    4
+}
+fn gelu() -> String {
+    "gelu".into()
+}
+fn sigmoid() -> Option<String> {
+    Some("sigmoid".into())
+}
+fn default_init() -> String {
+    "default".into()
+}
+
+/// `lgatr.PrimitivesConfig`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PrimitivesConfig {
+    /// SO⁺(1,3) only (10-element linear basis, scalar↔pseudoscalar mixing); `false`: Pin(1,3), 5 maps.
+    #[serde(default = "yes")]
+    pub subgroup: bool,
+    /// `false` zeroes the bivector part of the geometric product in `GeometricBilinear`.
+    #[serde(default = "yes")]
+    pub bivector: bool,
+    /// `false` replaces `GeometricBilinear` by a gated nonlinearity + `EquiLinear`.
+    #[serde(default = "yes")]
+    pub geometric_product: bool,
+    /// Kernel choice in lgatr; no numerical effect here.
+    #[serde(default = "yes")]
+    pub sparse_gp: bool,
+    /// Kernel choice in lgatr; no numerical effect here.
+    #[serde(default)]
+    pub sparse_linear: bool,
+}
+
+impl Default for PrimitivesConfig {
+    fn default() -> Self {
+        Self { subgroup: true, bivector: true, geometric_product: true, sparse_gp: true, sparse_linear: false }
+    }
+}
+
+impl PrimitivesConfig {
+    /// Number of equivariant linear basis maps: 10 with `subgroup`, else 5.
+    pub fn num_basis(&self) -> usize {
+        if self.subgroup {
+            10
+        } else {
+            5
+        }
+    }
+}
+
+/// `lgatr.SelfAttentionConfig`. The channel fields are overwritten by the enclosing block (as in
+/// lgatr) and only accepted for compatibility.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AttentionConfig {
+    #[serde(default)]
+    pub in_mv_channels: Option<usize>,
+    #[serde(default)]
+    pub out_mv_channels: Option<usize>,
+    #[serde(default)]
+    pub in_s_channels: usize,
+    #[serde(default)]
+    pub out_s_channels: usize,
+    #[serde(default)]
+    pub additional_qk_mv_channels: usize,
+    #[serde(default)]
+    pub additional_qk_s_channels: usize,
+    #[serde(default = "default_init")]
+    pub output_init: String,
+    #[serde(default)]
+    pub dropout_prob: Option<f64>,
+    #[serde(default = "default_heads")]
+    pub num_heads: usize,
+    #[serde(default)]
+    pub multi_query: bool,
+    #[serde(default = "one")]
+    pub attn_ratio: usize,
+    #[serde(default)]
+    pub head_scale: bool,
+}
+
+/// `lgatr.MLPConfig`. `mv_channels`, `s_channels` and `dropout_prob` are overwritten by the block.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MlpConfig {
+    #[serde(default)]
+    pub mv_channels: Option<usize>,
+    #[serde(default)]
+    pub s_channels: usize,
+    #[serde(default)]
+    pub dropout_prob: Option<f64>,
+    #[serde(default = "gelu")]
+    pub nonlinearity: String,
+    #[serde(default = "four")]
+    pub mlp_ratio: usize,
+    #[serde(default = "two")]
+    pub num_layers_mlp: usize,
+}
+
+/// `lgatr.LGATr(...)` keyword arguments.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LgatrConfig {
+    pub num_blocks: usize,
+    pub in_mv_channels: usize,
+    pub out_mv_channels: usize,
+    pub hidden_mv_channels: usize,
+    pub in_s_channels: usize,
+    pub out_s_channels: usize,
+    pub hidden_s_channels: usize,
+    pub attention: AttentionConfig,
+    pub mlp: MlpConfig,
+    #[serde(default)]
+    pub primitives: Option<PrimitivesConfig>,
+    #[serde(default)]
+    pub reinsert_mv_channels: Option<Vec<usize>>,
+    #[serde(default)]
+    pub reinsert_s_channels: Option<Vec<usize>>,
+    /// Only shifts the MLP layer indices at inference (dropout layers are identities in eval mode).
+    #[serde(default)]
+    pub dropout_prob: Option<f64>,
+    #[serde(default = "yes")]
+    pub norm_elementwise_affine: bool,
+    #[serde(default)]
+    pub checkpoint_blocks: bool,
+    #[serde(default)]
+    pub naive_amp: bool,
+    #[serde(default)]
+    pub compile: bool,
+    #[serde(default)]
+    pub compile_kwargs: Option<serde_json::Value>,
+    #[serde(default)]
+    pub activation_memory_budget: Option<f64>,
+}
+
+/// `lgatr.LGATrSlim(...)` keyword arguments.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SlimConfig {
+    pub num_blocks: usize,
+    pub in_v_channels: usize,
+    pub out_v_channels: usize,
+    pub hidden_v_channels: usize,
+    pub in_s_channels: usize,
+    pub out_s_channels: usize,
+    pub hidden_s_channels: usize,
+    pub num_heads: usize,
+    #[serde(default = "gelu")]
+    pub nonlinearity: String,
+    /// `null` means "same as `nonlinearity`".
+    #[serde(default = "sigmoid")]
+    pub nonlinearity_v: Option<String>,
+    #[serde(default = "two")]
+    pub mlp_ratio: usize,
+    #[serde(default = "one")]
+    pub attn_ratio: usize,
+    #[serde(default = "two")]
+    pub num_layers_mlp: usize,
+    #[serde(default)]
+    pub dropout_prob: Option<f64>,
+    #[serde(default = "yes")]
+    pub norm_elementwise_affine: bool,
+    #[serde(default)]
+    pub checkpoint_blocks: bool,
+    #[serde(default)]
+    pub naive_amp: bool,
+    #[serde(default)]
+    pub compile: bool,
+    #[serde(default)]
+    pub compile_kwargs: Option<serde_json::Value>,
+    #[serde(default)]
+    pub activation_memory_budget: Option<f64>,
+}
+
+/// Pointwise nonlinearities of lgatr's `get_nonlinearity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nonlinearity {
+    /// `F.gelu(approximate="tanh")`.
+    Gelu,
+    Relu,
+    Sigmoid,
+    Tanh,
+    Silu,
+}
+
+impl Nonlinearity {
+    /// Parses lgatr's label.
+    pub fn parse(label: &str) -> Result<Self> {
+        Ok(match label {
+            "gelu" => Self::Gelu,
+            "relu" => Self::Relu,
+            "sigmoid" => Self::Sigmoid,
+            "tanh" => Self::Tanh,
+            "silu" => Self::Silu,
+            other => {
+                return Err(Error::Config(format!(
+                    "unsupported nonlinearity `{other}` (lgatr knows gelu, relu, sigmoid, tanh, silu)"
+                )))
+            }
+        })
+    }
+
+    /// Applies it elementwise.
+    pub fn apply(&self, x: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+        Ok(match self {
+            Self::Gelu => x.gelu()?,
+            Self::Relu => x.relu()?,
+            Self::Sigmoid => candle_nn::ops::sigmoid(x)?,
+            Self::Tanh => x.tanh()?,
+            Self::Silu => x.silu()?,
+        })
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(config: &serde_json::Value, what: &str) -> Result<T> {
+    let mut v = config.clone();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("model_type");
+    } else {
+        return Err(Error::Config(format!("{what} config must be a JSON object")));
+    }
+    serde_json::from_value(v).map_err(|e| Error::Config(format!("{what}: {e}")))
+}
+
+impl LgatrConfig {
+    /// Parses `config.json` (the `model_type` key is ignored) and validates it.
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        let c: Self = parse(config, "lgatr")?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The primitives config (lgatr's default when absent).
+    pub fn primitives(&self) -> PrimitivesConfig {
+        self.primitives.clone().unwrap_or_default()
+    }
+
+    /// Per-head multivector channels of the attention: `max(attn_ratio·C // H, 1)`.
+    pub fn head_mv_channels(&self) -> usize {
+        (self.attention.attn_ratio * self.hidden_mv_channels / self.attention.num_heads.max(1)).max(1)
+    }
+
+    /// Per-head scalar channels: `0` without scalars, else `max(attn_ratio·S // H, 4)`.
+    pub fn head_s_channels(&self) -> usize {
+        if self.hidden_s_channels == 0 {
+            0
+        } else {
+            (self.attention.attn_ratio * self.hidden_s_channels / self.attention.num_heads.max(1)).max(4)
+        }
+    }
+
+    /// Checks what lgatr would reject at construction, plus what this port does not support.
+    pub fn validate(&self) -> Result<()> {
+        let p = self.primitives();
+        if self.attention.num_heads == 0 {
+            return Err(Error::Config("attention.num_heads must be positive".into()));
+        }
+        if self.mlp.num_layers_mlp == 0 {
+            return Err(Error::Config("mlp.num_layers_mlp must be >= 1".into()));
+        }
+        if self.hidden_mv_channels == 0 {
+            return Err(Error::Config("hidden_mv_channels must be positive".into()));
+        }
+        Nonlinearity::parse(&self.mlp.nonlinearity)?;
+        if p.geometric_product && self.hidden_s_channels == 0 {
+            return Err(Error::Config(
+                "GeometricBilinear needs scalar channels (lgatr: almost_unit_scalar init requires in_s_channels > 0); \
+                 use hidden_s_channels > 0 or primitives.geometric_product = false"
+                    .into(),
+            ));
+        }
+        if let Some(ch) = &self.reinsert_mv_channels {
+            if let Some(bad) = ch.iter().find(|&&c| c >= self.in_mv_channels) {
+                return Err(Error::Config(format!(
+                    "reinsert_mv_channels: channel {bad} out of range for in_mv_channels = {}",
+                    self.in_mv_channels
+                )));
+            }
+        }
+        if let Some(ch) = &self.reinsert_s_channels {
+            if let Some(bad) = ch.iter().find(|&&c| c >= self.in_s_channels) {
+                return Err(Error::Config(format!(
+                    "reinsert_s_channels: channel {bad} out of range for in_s_channels = {}",
+                    self.in_s_channels
+                )));
+            }
+            if self.hidden_s_channels == 0 && !ch.is_empty() {
+                return Err(Error::Config("reinsert_s_channels needs hidden_s_channels > 0".into()));
+            }
+        }
+        if !matches!(self.attention.output_init.as_str(), "default" | "small" | "unit_scalar" | "almost_unit_scalar") {
+            return Err(Error::Config(format!("attention.output_init `{}` unknown", self.attention.output_init)));
+        }
+        Ok(())
+    }
+}
+
+impl SlimConfig {
+    /// Parses `config.json` (the `model_type` key is ignored) and validates it.
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        let c: Self = parse(config, "lgatr_slim")?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Per-head vector channels: `max(attn_ratio·C // H, 1)`.
+    pub fn head_v_channels(&self) -> usize {
+        (self.attn_ratio * self.hidden_v_channels / self.num_heads.max(1)).max(1)
+    }
+
+    /// Per-head scalar channels: `max(attn_ratio·S // H, 4)`.
+    pub fn head_s_channels(&self) -> usize {
+        (self.attn_ratio * self.hidden_s_channels / self.num_heads.max(1)).max(4)
+    }
+
+    /// The scalar and vector nonlinearities.
+    pub fn nonlinearities(&self) -> Result<(Nonlinearity, Nonlinearity)> {
+        let s = Nonlinearity::parse(&self.nonlinearity)?;
+        let v = match &self.nonlinearity_v {
+            Some(l) => Nonlinearity::parse(l)?,
+            None => s,
+        };
+        Ok((s, v))
+    }
+
+    /// Checks what lgatr would reject at construction.
+    pub fn validate(&self) -> Result<()> {
+        if self.num_heads == 0 {
+            return Err(Error::Config("num_heads must be positive".into()));
+        }
+        if self.num_layers_mlp < 2 {
+            return Err(Error::Config(format!("SlimMLP needs num_layers_mlp >= 2, got {}", self.num_layers_mlp)));
+        }
+        if self.in_s_channels == 0 {
+            return Err(Error::Config("LGATrSlim requires scalar inputs (in_s_channels > 0)".into()));
+        }
+        if self.hidden_v_channels + self.hidden_s_channels == 0 {
+            return Err(Error::Config("hidden_v_channels + hidden_s_channels must be positive".into()));
+        }
+        self.nonlinearities()?;
+        Ok(())
+    }
+}

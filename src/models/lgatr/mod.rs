@@ -1,0 +1,46 @@
+//! L-GATr (`lgatr` 2.0.0): the Lorentz-equivariant geometric-algebra transformer `LGATr` and its
+//! vector/scalar variant `LGATrSlim`, loading lgatr state dicts as they are.
+//!
+//! * [`algebra`]: Cl(1,3) basis, geometric-product and equivariant-linear tables generated from
+//!   first principles; Lorentz matrices and their 16×16 outermorphism.
+//! * [`primitives`], [`bilinear`]: lgatr's functional primitives and the geometric product.
+//! * [`equi_linear`]: `EquiLinear` folded into one dense matrix at load time.
+//! * [`norm`], [`attention`], [`mlp`], [`block`], [`net`]: the LGATr layers on a fused per-item
+//!   layout `[mv (C, 16) | s (S)]`; [`slim`]: `LGATrSlim`.
+//! * [`events`]: variable-length event batches (padding + mask).
+//!
+//! `config.json` = `{"model_type": "lgatr" | "lgatr_slim", …constructor kwargs…}`, weights =
+//! the state dict (`model.safetensors`); see [`load`].
+pub mod algebra;
+pub mod attention;
+pub mod bilinear;
+pub mod block;
+pub mod config;
+pub mod equi_linear;
+pub mod events;
+pub mod mlp;
+pub mod net;
+pub mod norm;
+pub mod primitives;
+pub mod slim;
+
+use candle_nn::VarBuilder;
+
+pub use config::{AttentionConfig, LgatrConfig, MlpConfig, Nonlinearity, PrimitivesConfig, SlimConfig};
+pub use events::{forward_events, pack_events, unpack_events};
+pub use net::Lgatr;
+pub use slim::LgatrSlim;
+
+use crate::error::{Error, Result};
+use crate::models::Model;
+
+/// Builds an `LGATr` or `LGATrSlim` from its state dict (`vb`, keys as lgatr writes them) and
+/// `config.json` (dispatching on `model_type`).
+pub fn load(vb: VarBuilder, config: &serde_json::Value) -> Result<Box<dyn Model>> {
+    match config.get("model_type").and_then(|v| v.as_str()) {
+        Some("lgatr") => Ok(Box::new(Lgatr::load(vb, LgatrConfig::from_json(config)?)?)),
+        Some("lgatr_slim") => Ok(Box::new(LgatrSlim::load(vb, SlimConfig::from_json(config)?)?)),
+        Some(other) => Err(Error::Config(format!("model_type `{other}` is not an lgatr model (lgatr | lgatr_slim)"))),
+        None => Err(Error::Config("config.json lacks a string `model_type` (lgatr | lgatr_slim)".into())),
+    }
+}

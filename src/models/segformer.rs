@@ -1,0 +1,634 @@
+//! SegFormer semantic segmentation (`SegformerForSemanticSegmentation`, transformers 5.24.0), B0–B5.
+//!
+//! Module paths mirror the hub (legacy) tensor names that `save_pretrained` writes:
+//! `segformer.encoder.patch_embeddings.{s}`, `segformer.encoder.block.{s}.{j}.attention.self.query`, …,
+//! `decode_head.linear_c.{s}.proj`, `decode_head.linear_fuse`, `decode_head.batch_norm`,
+//! `decode_head.classifier`.
+//!
+//! Forward (per stage s): overlapping patch embedding (conv k_s, stride_s, padding k_s/2) → LayerNorm;
+//! `depths[s]` blocks of `x += Attn(LN(x))` (efficient self-attention: keys/values from a strided
+//! `sr_ratio` conv + LayerNorm when `sr_ratio > 1`), `x += MixFFN(LN(x))` (fc1 → 3×3 depthwise conv →
+//! activation → fc2); stage LayerNorm. Every LayerNorm uses eps 1e-5 whatever `layer_norm_eps` says
+//! (the reference builds them as `nn.LayerNorm(C)`). Decode head: per-stage Linear to
+//! `decoder_hidden_size`, bilinear (align_corners=False) to the stage-0 size, concatenation in reverse
+//! stage order, 1×1 conv without bias + BatchNorm (running statistics, eps 1e-5; folded into the conv
+//! at load time) + ReLU, 1×1 classifier → logits `[B, num_labels, H/4, W/4]`.
+use std::collections::BTreeMap;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
+use rayon::prelude::*;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::models::{Model, NamedTensors};
+use crate::nn::depthwise::{DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
+use crate::nn::layers::{conv2d, layer_norm};
+use crate::nn::Linear;
+use crate::weights::Vb;
+
+/// LayerNorm eps of every SegFormer LayerNorm (the config's `layer_norm_eps` is not used by the reference).
+pub const LAYER_NORM_EPS: f64 = 1e-5;
+/// Decode-head BatchNorm eps (`nn.BatchNorm2d` default).
+pub const BATCH_NORM_EPS: f64 = 1e-5;
+
+fn d_channels() -> usize {
+    3
+}
+fn d_blocks() -> usize {
+    4
+}
+fn d_depths() -> Vec<usize> {
+    vec![2, 2, 2, 2]
+}
+fn d_sr() -> Vec<usize> {
+    vec![8, 4, 2, 1]
+}
+fn d_hidden() -> Vec<usize> {
+    vec![32, 64, 160, 256]
+}
+fn d_patch() -> Vec<usize> {
+    vec![7, 3, 3, 3]
+}
+fn d_strides() -> Vec<usize> {
+    vec![4, 2, 2, 2]
+}
+fn d_heads() -> Vec<usize> {
+    vec![1, 2, 5, 8]
+}
+fn d_mlp() -> Vec<f64> {
+    vec![4.0; 4]
+}
+fn d_act() -> String {
+    "gelu".into()
+}
+fn d_decoder() -> usize {
+    256
+}
+fn d_true() -> bool {
+    true
+}
+fn d_ln_eps() -> f64 {
+    1e-6
+}
+fn d_ignore() -> i64 {
+    255
+}
+
+/// `SegformerConfig` as `config.json` writes it (defaults: transformers 5.24.0, i.e. B0).
+/// Dropout, drop-path and initializer fields are accepted and ignored (inference only).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    /// Input channels.
+    #[serde(default = "d_channels")]
+    pub num_channels: usize,
+    /// Number of encoder stages.
+    #[serde(default = "d_blocks")]
+    pub num_encoder_blocks: usize,
+    /// Blocks per stage.
+    #[serde(default = "d_depths")]
+    pub depths: Vec<usize>,
+    /// Key/value spatial reduction per stage (1: none).
+    #[serde(default = "d_sr")]
+    pub sr_ratios: Vec<usize>,
+    /// Channels per stage.
+    #[serde(default = "d_hidden")]
+    pub hidden_sizes: Vec<usize>,
+    /// Patch-embedding kernel per stage.
+    #[serde(default = "d_patch")]
+    pub patch_sizes: Vec<usize>,
+    /// Patch-embedding stride per stage.
+    #[serde(default = "d_strides")]
+    pub strides: Vec<usize>,
+    /// Attention heads per stage.
+    #[serde(default = "d_heads")]
+    pub num_attention_heads: Vec<usize>,
+    /// Mix-FFN expansion per stage (hidden = `int(C · ratio)`).
+    #[serde(default = "d_mlp")]
+    pub mlp_ratios: Vec<f64>,
+    /// Activation of the Mix-FFN (`gelu` = exact erf GELU).
+    #[serde(default = "d_act")]
+    pub hidden_act: String,
+    /// Decode-head width.
+    #[serde(default = "d_decoder")]
+    pub decoder_hidden_size: usize,
+    /// Whether the last stage is reshaped to NCHW (must be true for segmentation).
+    #[serde(default = "d_true")]
+    pub reshape_last_stage: bool,
+    /// Stored in the config but not used by the reference's LayerNorms (they use 1e-5).
+    #[serde(default = "d_ln_eps")]
+    pub layer_norm_eps: f64,
+    /// Training-only ignore index (kept for the manifest).
+    #[serde(default = "d_ignore")]
+    pub semantic_loss_ignore_index: i64,
+    /// Class names by id (`"0": "wall"`, …).
+    #[serde(default)]
+    pub id2label: Option<BTreeMap<String, String>>,
+    /// Class count when `id2label` is absent.
+    #[serde(default)]
+    pub num_labels: Option<usize>,
+}
+
+/// How the Mix-FFN activation is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    GeluErf,
+    GeluTanh,
+    Relu,
+    Silu,
+}
+
+impl Config {
+    /// Parses and validates a `config.json` value.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self> {
+        let c: Config = serde_json::from_value(v.clone()).map_err(|e| Error::Config(format!("segformer: {e}")))?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The number of classes: `len(id2label)` when present, else `num_labels`, else 2 (the transformers default).
+    pub fn num_labels(&self) -> usize {
+        match &self.id2label {
+            Some(m) if !m.is_empty() => m.len(),
+            _ => self.num_labels.unwrap_or(2),
+        }
+    }
+
+    /// Class names by id (`label_<i>` where `id2label` has no entry).
+    pub fn labels(&self) -> Vec<String> {
+        (0..self.num_labels())
+            .map(|i| {
+                self.id2label.as_ref().and_then(|m| m.get(&i.to_string()).cloned()).unwrap_or_else(|| format!("LABEL_{i}"))
+            })
+            .collect()
+    }
+
+    fn act(&self) -> Result<Act> {
+        match self.hidden_act.as_str() {
+            "gelu" => Ok(Act::GeluErf),
+            "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Ok(Act::GeluTanh),
+            "relu" => Ok(Act::Relu),
+            "silu" | "swish" => Ok(Act::Silu),
+            other => Err(Error::Config(format!("segformer: unsupported hidden_act `{other}`"))),
+        }
+    }
+
+    fn mlp_hidden(&self, s: usize) -> usize {
+        // Python: int(hidden_size * mlp_ratio), truncation toward zero.
+        (self.hidden_sizes[s] as f64 * self.mlp_ratios[s]) as usize
+    }
+
+    fn validate(&self) -> Result<()> {
+        let n = self.num_encoder_blocks;
+        let bad = |m: String| Err(Error::Config(format!("segformer: {m}")));
+        if n == 0 {
+            return bad("num_encoder_blocks must be at least 1".into());
+        }
+        for (name, len) in [
+            ("depths", self.depths.len()),
+            ("sr_ratios", self.sr_ratios.len()),
+            ("hidden_sizes", self.hidden_sizes.len()),
+            ("patch_sizes", self.patch_sizes.len()),
+            ("strides", self.strides.len()),
+            ("num_attention_heads", self.num_attention_heads.len()),
+            ("mlp_ratios", self.mlp_ratios.len()),
+        ] {
+            if len < n {
+                return bad(format!("{name} has {len} entries, num_encoder_blocks is {n}"));
+            }
+        }
+        for s in 0..n {
+            if self.hidden_sizes[s] == 0 || self.num_attention_heads[s] == 0 || self.hidden_sizes[s] < self.num_attention_heads[s] {
+                return bad(format!(
+                    "stage {s}: hidden size {} does not fit {} attention heads",
+                    self.hidden_sizes[s], self.num_attention_heads[s]
+                ));
+            }
+            if self.patch_sizes[s] == 0 || self.strides[s] == 0 || self.sr_ratios[s] == 0 {
+                return bad(format!("stage {s}: patch size, stride and sr_ratio must be at least 1"));
+            }
+            if !(self.mlp_ratios[s].is_finite() && self.mlp_ratios[s] > 0.0) || self.mlp_hidden(s) == 0 {
+                return bad(format!("stage {s}: bad mlp_ratio {}", self.mlp_ratios[s]));
+            }
+        }
+        if self.num_channels == 0 || self.decoder_hidden_size == 0 {
+            return bad("num_channels and decoder_hidden_size must be at least 1".into());
+        }
+        if !self.reshape_last_stage {
+            return bad("reshape_last_stage = false is only meaningful for image classification; SegformerForSemanticSegmentation needs true".into());
+        }
+        if self.num_labels() == 0 {
+            return bad("num_labels must be at least 1".into());
+        }
+        self.act()?;
+        Ok(())
+    }
+
+    /// The stage feature sizes `(h_s, w_s)` for an `h × w` input, or an input error when the input is
+    /// too small for a stage's sequence-reduction conv.
+    pub fn stage_sizes(&self, h: usize, w: usize) -> Result<Vec<(usize, usize)>> {
+        let (mut h, mut w) = (h, w);
+        let mut out = Vec::with_capacity(self.num_encoder_blocks);
+        for s in 0..self.num_encoder_blocks {
+            let (k, st) = (self.patch_sizes[s], self.strides[s]);
+            let pad = 2 * (k / 2);
+            if h + pad < k || w + pad < k || h == 0 || w == 0 {
+                return Err(Error::Input(format!("segformer: a {h}x{w} map is too small for stage {s}'s {k}x{k} patch embedding")));
+            }
+            h = (h + pad - k) / st + 1;
+            w = (w + pad - k) / st + 1;
+            let r = self.sr_ratios[s];
+            if r > 1 && (h < r || w < r) {
+                return Err(Error::Input(format!(
+                    "segformer: stage {s} is {h}x{w}, smaller than its sequence-reduction ratio {r}; the input is too small"
+                )));
+            }
+            out.push((h, w));
+        }
+        Ok(out)
+    }
+}
+
+fn ln(vb: &Vb, dim: usize) -> Result<LayerNorm> {
+    layer_norm(vb, dim, LAYER_NORM_EPS)
+}
+
+/// `[B, N, C]` tokens of an `h × w` map → `[B, C, h, w]` (contiguous).
+fn tokens_to_nchw(x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+    let (b, _, c) = x.dims3()?;
+    x.transpose(1, 2)?.contiguous()?.reshape((b, c, h, w))
+}
+
+/// `[B, C, h, w]` → `[B, h·w, C]` (contiguous).
+fn nchw_to_tokens(x: &Tensor) -> candle_core::Result<Tensor> {
+    x.flatten_from(2)?.transpose(1, 2)?.contiguous()
+}
+
+struct PatchEmbed {
+    proj: Conv2d,
+    norm: LayerNorm,
+}
+
+impl PatchEmbed {
+    fn load(vb: &Vb, in_c: usize, out_c: usize, k: usize, stride: usize) -> Result<Self> {
+        let cfg = Conv2dConfig { padding: k / 2, stride, ..Default::default() };
+        Ok(PatchEmbed { proj: conv2d(&vb.pp("proj"), in_c, out_c, k, cfg, true)?, norm: ln(&vb.pp("layer_norm"), out_c)? })
+    }
+
+    /// NCHW → (tokens `[B, h·w, C]`, h, w).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, usize, usize)> {
+        let y = self.proj.forward(x)?;
+        let (_, _, h, w) = y.dims4()?;
+        Ok((self.norm.forward(&nchw_to_tokens(&y)?)?, h, w))
+    }
+}
+
+struct Attention {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    sr: Option<(Conv2d, LayerNorm)>,
+    out: Linear,
+    heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    fn load(vb: &Vb, c: usize, heads: usize, sr: usize) -> Result<Self> {
+        let head_dim = c / heads;
+        let inner = heads * head_dim;
+        let s = vb.pp("self");
+        let sr = if sr > 1 {
+            let cfg = Conv2dConfig { stride: sr, ..Default::default() };
+            Some((conv2d(&s.pp("sr"), c, c, sr, cfg, true)?, ln(&s.pp("layer_norm"), c)?))
+        } else {
+            None
+        };
+        Ok(Attention {
+            query: Linear::load(&s.pp("query"), c, inner, true)?,
+            key: Linear::load(&s.pp("key"), c, inner, true)?,
+            value: Linear::load(&s.pp("value"), c, inner, true)?,
+            sr,
+            out: Linear::load(&vb.pp("output").pp("dense"), inner, c, true)?,
+            heads,
+            head_dim,
+        })
+    }
+
+    fn heads(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (b, n, _) = x.dims3()?;
+        x.reshape((b, n, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous()
+    }
+
+    fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+        let (b, n, _) = x.dims3()?;
+        let q = self.heads(&self.query.forward(x)?)?;
+        let kv = match &self.sr {
+            Some((conv, norm)) => norm.forward(&nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?,
+            None => x.clone(),
+        };
+        let k = self.heads(&self.key.forward(&kv)?)?;
+        let v = self.heads(&self.value.forward(&kv)?)?;
+        let scale = (self.head_dim as f64).powf(-0.5);
+        let scores = (q.matmul(&k.t()?)? * scale)?;
+        // Softmax in f32, as the reference (`softmax(..., dtype=torch.float32)`).
+        let dt = scores.dtype();
+        let probs = if dt == DType::F32 || dt == DType::F64 {
+            candle_nn::ops::softmax_last_dim(&scores)?
+        } else {
+            candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dt)?
+        };
+        let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?;
+        self.out.forward(&o)
+    }
+}
+
+struct MixFfn {
+    fc1: Linear,
+    dwconv: DepthwiseConv2d,
+    act: Act,
+    fc2: Linear,
+}
+
+impl MixFfn {
+    fn load(vb: &Vb, c: usize, hidden: usize, act: Act) -> Result<Self> {
+        let dw_cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
+        Ok(MixFfn {
+            fc1: Linear::load(&vb.pp("dense1"), c, hidden, true)?,
+            dwconv: DepthwiseConv2d::load(&vb.pp("dwconv").pp("dwconv"), hidden, 3, dw_cfg, true)?,
+            act,
+            fc2: Linear::load(&vb.pp("dense2"), hidden, c, true)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+        let y = self.fc1.forward(x)?;
+        let y = self.dwconv.forward(&tokens_to_nchw(&y, h, w)?)?;
+        let y = match self.act {
+            Act::GeluErf => y.gelu_erf()?,
+            Act::GeluTanh => y.gelu()?,
+            Act::Relu => y.relu()?,
+            Act::Silu => y.silu()?,
+        };
+        self.fc2.forward(&nchw_to_tokens(&y)?)
+    }
+}
+
+struct Block {
+    norm1: LayerNorm,
+    attn: Attention,
+    norm2: LayerNorm,
+    mlp: MixFfn,
+}
+
+impl Block {
+    fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+        let x = (x + self.attn.forward(&self.norm1.forward(x)?, h, w)?)?;
+        &x + self.mlp.forward(&self.norm2.forward(&x)?, h, w)?
+    }
+}
+
+struct Stage {
+    embed: PatchEmbed,
+    blocks: Vec<Block>,
+    norm: LayerNorm,
+}
+
+struct DecodeHead {
+    proj: Vec<Linear>,
+    /// `linear_fuse` with the BatchNorm folded in.
+    fuse: Conv2d,
+    classifier: Conv2d,
+}
+
+impl DecodeHead {
+    fn load(vb: &Vb, cfg: &Config) -> Result<Self> {
+        let d = cfg.decoder_hidden_size;
+        let n = cfg.num_encoder_blocks;
+        let proj = (0..n)
+            .map(|s| Linear::load(&vb.pp("linear_c").pp(s).pp("proj"), cfg.hidden_sizes[s], d, true))
+            .collect::<Result<Vec<_>>>()?;
+        // Fold eval-mode BatchNorm into the bias-free 1x1 conv, in f32:
+        // y = γ (W x − μ) / sqrt(σ² + ε) + β  =  (γ/σ̂ · W) x + (β − γ μ / σ̂).
+        let f32v = vb.with_dtype(DType::F32);
+        let w = f32v.get((d, n * d, 1, 1), "linear_fuse.weight")?;
+        let bn = f32v.pp("batch_norm");
+        let gamma = bn.get(d, "weight")?;
+        let beta = bn.get(d, "bias")?;
+        let mean = bn.get(d, "running_mean")?;
+        let var = bn.get(d, "running_var")?;
+        let inv = (gamma / (var + BATCH_NORM_EPS)?.sqrt()?)?;
+        let w = w.broadcast_mul(&inv.reshape((d, 1, 1, 1))?)?.to_dtype(vb.dtype())?;
+        let b = (beta - (mean * &inv)?)?.to_dtype(vb.dtype())?;
+        let fuse = Conv2d::new(w, Some(b), Conv2dConfig::default());
+        let classifier = conv2d(&vb.pp("classifier"), d, cfg.num_labels(), 1, Conv2dConfig::default(), true)?;
+        Ok(DecodeHead { proj, fuse, classifier })
+    }
+
+    /// `feats[s]` = (stage tokens `[B, h_s·w_s, C_s]`, h_s, w_s).
+    fn forward(&self, feats: &[(Tensor, usize, usize)]) -> candle_core::Result<Tensor> {
+        let (_, h0, w0) = feats[0];
+        let mut ups = Vec::with_capacity(feats.len());
+        for ((t, h, w), proj) in feats.iter().zip(&self.proj).rev() {
+            let y = tokens_to_nchw(&proj.forward(t)?, *h, *w)?;
+            ups.push(if (*h, *w) == (h0, w0) { y } else { y.upsample_bilinear2d(h0, w0, false)? });
+        }
+        let x = Tensor::cat(&ups, 1)?;
+        let x = self.fuse.forward(&x)?.relu()?;
+        self.classifier.forward(&x)
+    }
+}
+
+/// `SegformerForSemanticSegmentation`: `pixel_values [B, C, H, W]` → `logits [B, num_labels, H/4, W/4]`.
+pub struct SegformerForSemanticSegmentation {
+    config: Config,
+    stages: Vec<Stage>,
+    head: DecodeHead,
+    dtype: DType,
+    device: Device,
+}
+
+impl SegformerForSemanticSegmentation {
+    /// Loads from the root of a checkpoint (`segformer.*`, `decode_head.*`) with its `config.json` value.
+    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
+        let cfg = Config::from_json(config)?;
+        Self::load_with_config(vb, cfg)
+    }
+
+    /// Loads with an already parsed config.
+    pub fn load_with_config(vb: &Vb, cfg: Config) -> Result<Self> {
+        let act = cfg.act()?;
+        let enc = vb.pp("segformer").pp("encoder");
+        let mut stages = Vec::with_capacity(cfg.num_encoder_blocks);
+        for s in 0..cfg.num_encoder_blocks {
+            let c = cfg.hidden_sizes[s];
+            let in_c = if s == 0 { cfg.num_channels } else { cfg.hidden_sizes[s - 1] };
+            let embed = PatchEmbed::load(&enc.pp("patch_embeddings").pp(s), in_c, c, cfg.patch_sizes[s], cfg.strides[s])?;
+            let blocks = (0..cfg.depths[s])
+                .map(|j| {
+                    let b = enc.pp("block").pp(s).pp(j);
+                    Ok(Block {
+                        norm1: ln(&b.pp("layer_norm_1"), c)?,
+                        attn: Attention::load(&b.pp("attention"), c, cfg.num_attention_heads[s], cfg.sr_ratios[s])?,
+                        norm2: ln(&b.pp("layer_norm_2"), c)?,
+                        mlp: MixFfn::load(&b.pp("mlp"), c, cfg.mlp_hidden(s), act)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let norm = ln(&enc.pp("layer_norm").pp(s), c)?;
+            stages.push(Stage { embed, blocks, norm });
+        }
+        let head = DecodeHead::load(&vb.pp("decode_head"), &cfg)?;
+        Ok(SegformerForSemanticSegmentation { config: cfg, stages, head, dtype: vb.dtype(), device: vb.device().clone() })
+    }
+
+    /// The parsed config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Chooses the Mix-FFN depthwise-conv implementation (the direct kernel by default; `Grouped` is
+    /// Candle's per-group conv, kept for benchmarks and cross-checks).
+    pub fn set_depthwise_impl(&mut self, imp: DepthwiseImpl) {
+        for st in &mut self.stages {
+            for b in &mut st.blocks {
+                b.mlp.dwconv.set_impl(imp);
+            }
+        }
+    }
+
+    fn check_input(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims();
+        let &[_, c, h, w] = dims else {
+            return Err(Error::Input(format!("segformer: pixel_values must be [B, C, H, W], got {dims:?}")));
+        };
+        if dims[0] == 0 {
+            return Err(Error::Input("segformer: pixel_values has batch size 0".into()));
+        }
+        if c != self.config.num_channels {
+            return Err(Error::Input(format!(
+                "segformer: pixel_values has {c} channels, the model expects {}",
+                self.config.num_channels
+            )));
+        }
+        self.config.stage_sizes(h, w)?;
+        let x = if x.device().same_device(&self.device) { x.clone() } else { x.to_device(&self.device)? };
+        Ok(if x.dtype() == self.dtype { x } else { x.to_dtype(self.dtype)? })
+    }
+
+    /// Logits `[B, num_labels, h_0, w_0]` (h_0 = stage-0 height, H/4 for the standard configs).
+    pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        Ok(self.forward_with_hidden(pixel_values)?.0)
+    }
+
+    /// Logits and the encoder stage outputs (after each stage LayerNorm, NCHW), as the reference's
+    /// `hidden_states`.
+    pub fn forward_with_hidden(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+        let feats = self.encode(pixel_values)?;
+        let logits = self.head.forward(&feats)?;
+        let hidden = feats.iter().map(|(t, h, w)| tokens_to_nchw(t, *h, *w)).collect::<candle_core::Result<Vec<_>>>()?;
+        Ok((logits, hidden))
+    }
+
+    /// Per stage: (tokens `[B, h·w, C]` after the stage LayerNorm, h, w).
+    fn encode(&self, pixel_values: &Tensor) -> Result<Vec<(Tensor, usize, usize)>> {
+        let mut x = self.check_input(pixel_values)?;
+        let mut feats = Vec::with_capacity(self.stages.len());
+        for (s, st) in self.stages.iter().enumerate() {
+            let (mut t, h, w) = st.embed.forward(&x)?;
+            for b in &st.blocks {
+                t = b.forward(&t, h, w)?;
+            }
+            let t = st.norm.forward(&t)?;
+            if s + 1 < self.stages.len() {
+                x = tokens_to_nchw(&t, h, w)?;
+            }
+            feats.push((t, h, w));
+        }
+        Ok(feats)
+    }
+}
+
+impl Model for SegformerForSemanticSegmentation {
+    fn architecture(&self) -> &str {
+        "segformer"
+    }
+
+    fn input_names(&self) -> Vec<&'static str> {
+        vec!["pixel_values"]
+    }
+
+    fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
+        let x = inputs
+            .get("pixel_values")
+            .ok_or_else(|| Error::Input("segformer: missing input `pixel_values` [B, 3, H, W]".into()))?;
+        let mut out = NamedTensors::new();
+        out.insert("logits".to_string(), self.forward(x)?);
+        Ok(out)
+    }
+}
+
+/// Bilinear resize (PyTorch `interpolate(size=(out_h, out_w), mode="bilinear", align_corners=False)`)
+/// of `logits [C, h, w]` fused with the argmax over classes, without materialising the resized
+/// logits: returns `out_h · out_w` class ids, row-major. Ties go to the lowest class id, as `torch.argmax`.
+pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<u32>> {
+    let (c, h, w) = logits.dims3()?;
+    if c == 0 || h == 0 || w == 0 || out_h == 0 || out_w == 0 {
+        return Err(Error::Input(format!("resize_argmax: empty logits {:?} or target {out_h}x{out_w}", logits.dims())));
+    }
+    let data = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+    let rows = axis_taps(h, out_h);
+    let cols = axis_taps(w, out_w);
+    let plane = h * w;
+    let mut out = vec![0u32; out_h * out_w];
+    out.par_chunks_mut(out_w).enumerate().for_each(|(oy, orow)| {
+        let (y0, y1, ly1) = rows[oy];
+        let ly0 = 1.0 - ly1;
+        for (ox, o) in orow.iter_mut().enumerate() {
+            let (x0, x1, lx1) = cols[ox];
+            let lx0 = 1.0 - lx1;
+            let mut best = f32::NEG_INFINITY;
+            let mut arg = 0u32;
+            for k in 0..c {
+                let p = &data[k * plane..][..plane];
+                let v = ly0 * (lx0 * p[y0 * w + x0] + lx1 * p[y0 * w + x1]) + ly1 * (lx0 * p[y1 * w + x0] + lx1 * p[y1 * w + x1]);
+                // A NaN wins, as torch.argmax treats NaN as the maximum.
+                if k == 0 || v > best || (v.is_nan() && !best.is_nan()) {
+                    best = v;
+                    arg = k as u32;
+                }
+            }
+            *o = arg;
+        }
+    });
+    Ok(out)
+}
+
+/// PyTorch's align_corners=False source taps for one axis: `(i0, i1, λ1)` per output index.
+fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+    let scale = n_in as f32 / n_out as f32;
+    (0..n_out)
+        .map(|o| {
+            let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
+            let i0 = (src as usize).min(n_in - 1);
+            let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
+            (i0, i1, src - i0 as f32)
+        })
+        .collect()
+}
+
+/// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.
+pub fn argmax_classes(logits: &Tensor) -> Result<Vec<u32>> {
+    let (_, h, w) = logits.dims3()?;
+    resize_argmax(logits, h, w)
+}

@@ -1,0 +1,56 @@
+//! Scaled dot-product attention that bounds the size of the score matrix it materialises.
+use candle_core::Tensor;
+
+use crate::error::Result;
+
+/// Largest score block (elements) materialised at once; longer query sets are processed in chunks.
+const MAX_SCORE_ELEMS: usize = 64 << 20;
+
+/// `softmax(q kᵀ · scale) v` for `q` `[B, H, Nq, D]`, `k`/`v` `[B, H, Nk, D]`, optional additive
+/// `bias` broadcastable to `[B, H, Nq, Nk]`.
+pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (b, h, nq, _) = q.dims4()?;
+    let nk = k.dim(2)?;
+    let q = (q * scale)?;
+    let kt = k.t()?.contiguous()?;
+    let per_row = b * h * nk;
+    let chunk = (MAX_SCORE_ELEMS / per_row.max(1)).max(1);
+    let attend = |q: &Tensor, bias: Option<Tensor>| -> Result<Tensor> {
+        let s = q.matmul(&kt)?;
+        let s = match bias {
+            Some(bias) => s.broadcast_add(&bias)?,
+            None => s,
+        };
+        let p = candle_nn::ops::softmax_last_dim(&s)?;
+        Ok(p.matmul(v)?)
+    };
+    if chunk >= nq {
+        return attend(&q.contiguous()?, bias.cloned());
+    }
+    let mut outs = Vec::with_capacity(nq.div_ceil(chunk));
+    let mut start = 0;
+    while start < nq {
+        let len = chunk.min(nq - start);
+        let qc = q.narrow(2, start, len)?.contiguous()?;
+        let bc = match bias {
+            Some(bias) if bias.dim(2)? == nq => Some(bias.narrow(2, start, len)?),
+            Some(bias) => Some(bias.clone()),
+            None => None,
+        };
+        outs.push(attend(&qc, bc)?);
+        start += len;
+    }
+    Ok(Tensor::cat(&outs, 2)?)
+}
+
+/// Splits `[B, N, heads·D]` into `[B, heads, N, D]` (contiguous).
+pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, n, c) = x.dims3()?;
+    Ok(x.reshape((b, n, heads, c / heads))?.transpose(1, 2)?.contiguous()?)
+}
+
+/// Merges `[B, heads, N, D]` back into `[B, N, heads·D]`.
+pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
+    let (b, h, n, d) = x.dims4()?;
+    Ok(x.transpose(1, 2)?.reshape((b, n, h * d))?)
+}

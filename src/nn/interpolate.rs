@@ -1,0 +1,84 @@
+//! Resizing feature maps with PyTorch's `F.interpolate` semantics.
+//!
+//! Candle has nearest and bilinear but no bicubic; bicubic here is built as two small interpolation
+//! matrices (rows and columns), so it runs on every backend and is differentiable.
+use candle_core::{DType, Tensor};
+
+use crate::error::{Error, Result};
+
+/// How the output size and the source-coordinate scale of a resize are given.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Resize {
+    /// By output size; PyTorch then uses `scale = in / out` (transformers 5.x position embeddings).
+    Size(usize, usize),
+    /// By scale factor (`out = floor(in · s)`), PyTorch then maps with `1 / s` (the original
+    /// DINOv2 / Depth Anything `+0.1` rule passes `(new + 0.1) / old` here).
+    ScaleFactor(f64, f64),
+}
+
+const CUBIC_A: f64 = -0.75;
+
+fn cubic1(x: f64) -> f64 {
+    ((CUBIC_A + 2.0) * x - (CUBIC_A + 3.0)) * x * x + 1.0
+}
+
+fn cubic2(x: f64) -> f64 {
+    ((CUBIC_A * x - 5.0 * CUBIC_A) * x + 8.0 * CUBIC_A) * x - 4.0 * CUBIC_A
+}
+
+/// The `[out, in]` matrix of 1-D bicubic interpolation (align_corners=False, borders clamped),
+/// where `scale` maps output to input coordinates.
+pub fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Vec<f32> {
+    let mut m = vec![0f32; n_out * n_in];
+    for o in 0..n_out {
+        let real = scale * (o as f64 + 0.5) - 0.5;
+        let base = real.floor();
+        let t = real - base;
+        let w = [cubic2(t + 1.0), cubic1(t), cubic1(1.0 - t), cubic2(2.0 - t)];
+        for (k, wk) in w.iter().enumerate() {
+            let idx = (base as i64 - 1 + k as i64).clamp(0, n_in as i64 - 1) as usize;
+            m[o * n_in + idx] += *wk as f32;
+        }
+    }
+    m
+}
+
+/// Output size and input-coordinate scales of a resize of an `h`×`w` map.
+pub fn resolve(h: usize, w: usize, r: Resize) -> Result<(usize, usize, f64, f64)> {
+    let (oh, ow, sh, sw) = match r {
+        Resize::Size(oh, ow) => (oh, ow, h as f64 / oh.max(1) as f64, w as f64 / ow.max(1) as f64),
+        Resize::ScaleFactor(fh, fw) => {
+            if !(fh > 0.0 && fw > 0.0 && fh.is_finite() && fw.is_finite()) {
+                return Err(Error::Input(format!("bad resize scale factors {fh}, {fw}")));
+            }
+            ((h as f64 * fh).floor() as usize, (w as f64 * fw).floor() as usize, 1.0 / fh, 1.0 / fw)
+        }
+    };
+    if oh == 0 || ow == 0 {
+        return Err(Error::Input(format!("resize of {h}×{w} gives an empty output {oh}×{ow}")));
+    }
+    Ok((oh, ow, sh, sw))
+}
+
+/// Bicubic resize of `x` `[B, C, H, W]` (computed in f32, returned in the input dtype).
+pub fn bicubic(x: &Tensor, r: Resize) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
+    let (oh, ow, sh, sw) = resolve(h, w, r)?;
+    let dev = x.device();
+    let my = Tensor::from_vec(bicubic_matrix(h, oh, sh), (oh, h), dev)?;
+    let mx = Tensor::from_vec(bicubic_matrix(w, ow, sw), (ow, w), dev)?;
+    let xf = x.to_dtype(DType::F32)?.reshape((b * c, h, w))?;
+    // rows: [oh, h] x [bc, h, w] -> [bc, oh, w]; then columns: [bc, oh, w] x [w, ow].
+    let y = my.broadcast_left(b * c)?.matmul(&xf)?;
+    let y = y.broadcast_matmul(&mx.t()?)?;
+    Ok(y.reshape((b, c, oh, ow))?.to_dtype(x.dtype())?)
+}
+
+/// Bilinear resize to `(oh, ow)` with PyTorch's `align_corners` semantics.
+pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
+    let (_, _, h, w) = x.dims4()?;
+    if (h, w) == (oh, ow) {
+        return Ok(x.clone());
+    }
+    Ok(x.upsample_bilinear2d(oh, ow, align_corners)?)
+}

@@ -1,0 +1,52 @@
+//! Shared helpers for parity tests against committed reference fixtures.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use edgerun::models::{Model, NamedTensors};
+use edgerun::tensor_io::read_tensors;
+use edgerun::weights::WeightStore;
+
+/// The fixture directory `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
+}
+
+/// Loads a fixture's model (its directory) on the CPU in `dtype`.
+pub fn load_model(dir: &Path, dtype: DType) -> Box<dyn Model> {
+    let store = WeightStore::open(dir).unwrap_or_else(|e| panic!("open {}: {e}", dir.display()));
+    edgerun::models::load(Arc::new(store), &Device::Cpu, dtype).unwrap_or_else(|e| panic!("load {}: {e}", dir.display()))
+}
+
+/// Reads a safetensors file of a fixture as f32 on the CPU.
+pub fn tensors(dir: &Path, file: &str) -> NamedTensors {
+    read_tensors(&dir.join(file), DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("read {file}: {e}"))
+}
+
+/// Max |a − b| and max |b|.
+pub fn errors(got: &Tensor, want: &Tensor) -> (f32, f32) {
+    assert_eq!(got.dims(), want.dims(), "shape mismatch");
+    let g = got.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let w = want.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut max_err = 0f32;
+    let mut max_ref = 0f32;
+    for (a, b) in g.iter().zip(&w) {
+        assert!(a.is_finite(), "non-finite output");
+        max_err = max_err.max((a - b).abs());
+        max_ref = max_ref.max(b.abs());
+    }
+    (max_err, max_ref)
+}
+
+/// Asserts max |got − want| ≤ `rel` × max(1, max|want|) and returns the error.
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, rel: f32) -> f32 {
+    let (err, max_ref) = errors(got, want);
+    let bound = rel * max_ref.max(1.0);
+    assert!(err <= bound, "{what}: max abs error {err:e} > bound {bound:e} (max|ref| {max_ref})");
+    eprintln!("{what}: max abs error {err:e} (bound {bound:e}, max|ref| {max_ref})");
+    err
+}
+
+/// The f32 parity tolerance from the project standard.
+pub const F32_REL: f32 = 1e-4;
