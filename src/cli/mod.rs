@@ -1,4 +1,7 @@
 //! Command-line parsing and dispatch.
+mod common;
+mod depth;
+mod edges;
 mod forward;
 mod inspect;
 mod quantize;
@@ -24,6 +27,10 @@ enum Command {
     Quantize(quantize::Args),
     /// Run a model's raw forward pass on preprocessed tensors.
     Forward(forward::Args),
+    /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG.
+    Depth(depth::Args),
+    /// Sobel edges of existing depth maps.
+    Edges(edges::Args),
 }
 
 /// Runs the parsed command.
@@ -36,6 +43,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(a) => inspect::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Forward(a) => forward::run(a),
+        Command::Depth(a) => depth::run(a),
+        Command::Edges(a) => edges::run(a),
     }
 }
 

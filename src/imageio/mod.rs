@@ -3,6 +3,7 @@ pub mod colormap;
 pub mod decode;
 pub mod npy;
 pub mod png_out;
+pub mod resample;
 
 pub use decode::{load_rgb, rgb_to_tensor, ImageLimits};
 pub use npy::write_npy_f16;

@@ -82,3 +82,37 @@ pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result
     }
     Ok(x.upsample_bilinear2d(oh, ow, align_corners)?)
 }
+
+/// Bicubic resize (PyTorch semantics, align_corners=False, by size) of one row-major `h`×`w` map on
+/// the CPU, four taps per axis; used to bring predictions back to the source resolution.
+pub fn bicubic_map(values: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> Vec<f32> {
+    let taps = |n_in: usize, n_out: usize| -> Vec<([usize; 4], [f32; 4])> {
+        let scale = n_in as f64 / n_out as f64;
+        (0..n_out)
+            .map(|o| {
+                let real = scale * (o as f64 + 0.5) - 0.5;
+                let base = real.floor();
+                let t = real - base;
+                let wts = [cubic2(t + 1.0), cubic1(t), cubic1(1.0 - t), cubic2(2.0 - t)].map(|v| v as f32);
+                let idx = [0, 1, 2, 3].map(|k| (base as i64 - 1 + k).clamp(0, n_in as i64 - 1) as usize);
+                (idx, wts)
+            })
+            .collect()
+    };
+    let tx = taps(w, ow);
+    let ty = taps(h, oh);
+    let mut rows = vec![0f32; h * ow];
+    for y in 0..h {
+        let src = &values[y * w..(y + 1) * w];
+        for (x, (idx, wts)) in tx.iter().enumerate() {
+            rows[y * ow + x] = (0..4).map(|k| src[idx[k]] * wts[k]).sum();
+        }
+    }
+    let mut out = vec![0f32; oh * ow];
+    for (y, (idx, wts)) in ty.iter().enumerate() {
+        for x in 0..ow {
+            out[y * ow + x] = (0..4).map(|k| rows[idx[k] * ow + x] * wts[k]).sum();
+        }
+    }
+    out
+}

@@ -17,7 +17,6 @@ use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
-use rayon::prelude::*;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -26,6 +25,10 @@ use crate::nn::depthwise::{DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
 use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
 use crate::weights::Vb;
+
+pub mod pipeline;
+
+pub use pipeline::{argmax_classes, resize_argmax, ClassMap, Preprocess, Segmenter};
 
 /// LayerNorm eps of every SegFormer LayerNorm (the config's `layer_norm_eps` is not used by the reference).
 pub const LAYER_NORM_EPS: f64 = 1e-5;
@@ -576,59 +579,4 @@ impl Model for SegformerForSemanticSegmentation {
         out.insert("logits".to_string(), self.forward(x)?);
         Ok(out)
     }
-}
-
-/// Bilinear resize (PyTorch `interpolate(size=(out_h, out_w), mode="bilinear", align_corners=False)`)
-/// of `logits [C, h, w]` fused with the argmax over classes, without materialising the resized
-/// logits: returns `out_h · out_w` class ids, row-major. Ties go to the lowest class id, as `torch.argmax`.
-pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<u32>> {
-    let (c, h, w) = logits.dims3()?;
-    if c == 0 || h == 0 || w == 0 || out_h == 0 || out_w == 0 {
-        return Err(Error::Input(format!("resize_argmax: empty logits {:?} or target {out_h}x{out_w}", logits.dims())));
-    }
-    let data = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-    let rows = axis_taps(h, out_h);
-    let cols = axis_taps(w, out_w);
-    let plane = h * w;
-    let mut out = vec![0u32; out_h * out_w];
-    out.par_chunks_mut(out_w).enumerate().for_each(|(oy, orow)| {
-        let (y0, y1, ly1) = rows[oy];
-        let ly0 = 1.0 - ly1;
-        for (ox, o) in orow.iter_mut().enumerate() {
-            let (x0, x1, lx1) = cols[ox];
-            let lx0 = 1.0 - lx1;
-            let mut best = f32::NEG_INFINITY;
-            let mut arg = 0u32;
-            for k in 0..c {
-                let p = &data[k * plane..][..plane];
-                let v = ly0 * (lx0 * p[y0 * w + x0] + lx1 * p[y0 * w + x1]) + ly1 * (lx0 * p[y1 * w + x0] + lx1 * p[y1 * w + x1]);
-                // A NaN wins, as torch.argmax treats NaN as the maximum.
-                if k == 0 || v > best || (v.is_nan() && !best.is_nan()) {
-                    best = v;
-                    arg = k as u32;
-                }
-            }
-            *o = arg;
-        }
-    });
-    Ok(out)
-}
-
-/// PyTorch's align_corners=False source taps for one axis: `(i0, i1, λ1)` per output index.
-fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
-    let scale = n_in as f32 / n_out as f32;
-    (0..n_out)
-        .map(|o| {
-            let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
-            let i0 = (src as usize).min(n_in - 1);
-            let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
-            (i0, i1, src - i0 as f32)
-        })
-        .collect()
-}
-
-/// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.
-pub fn argmax_classes(logits: &Tensor) -> Result<Vec<u32>> {
-    let (_, h, w) = logits.dims3()?;
-    resize_argmax(logits, h, w)
 }

@@ -1,0 +1,90 @@
+//! Rust side of the L-GATr benchmark (issue 7); the PyTorch side is `tools/bench/lgatr.py`,
+//! which writes the benchmark directory (config.json, model.safetensors, input.safetensors,
+//! expected.safetensors) for a top-tagging-sized LGATr at 32 × 200 particles.
+//!
+//! ```text
+//! /work/venv/bin/python tools/bench/lgatr.py --dir /tmp/lgatr_bench
+//! LGATR_BENCH_DIR=/tmp/lgatr_bench cargo test --release --bench lgatr -- --ignored --nocapture
+//! # peak RSS: run the built binary (path printed by cargo) under /usr/bin/time -v, with
+//! # LGATR_BENCH_RUNS=1
+//! ```
+//!
+//! The tests here are `#[ignore]`d (they need the directory and take seconds); the micro
+//! benchmark of the geometric-product implementations needs nothing and is also ignored.
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
+use edgerun::models::NamedTensors;
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+}
+
+fn max_abs(a: &Tensor) -> f64 {
+    a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+}
+
+/// Forward time of the benchmark net on the benchmark input, and its agreement with lgatr.
+#[test]
+#[ignore]
+fn lgatr_top_tagging_forward() {
+    let dir = PathBuf::from(std::env::var("LGATR_BENCH_DIR").unwrap_or_else(|_| "/tmp/lgatr_bench".into()));
+    let runs: usize = std::env::var("LGATR_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("run tools/bench/lgatr.py first"))
+            .unwrap();
+    let t0 = Instant::now();
+    let vb = unsafe {
+        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
+    }
+    .unwrap();
+    let model = edgerun::models::lgatr::load(vb, &config).unwrap();
+    let load_s = t0.elapsed().as_secs_f64();
+    let input: NamedTensors =
+        candle_core::safetensors::load(dir.join("input.safetensors"), &Device::Cpu).unwrap().into_iter().collect();
+    let mut times = vec![];
+    let mut out = NamedTensors::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        out = model.forward_named(&input).unwrap();
+        times.push(t.elapsed().as_secs_f64());
+    }
+    let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
+    println!(
+        "edgerun lgatr: threads {} load {:.3}s forward {:?} min {:.3}s",
+        candle_core::utils::get_num_threads(),
+        load_s,
+        times.iter().map(|t| (t * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+        min
+    );
+    if let Ok(exp) = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu) {
+        for k in ["outputs_mv", "outputs_s"] {
+            let err = max_abs_diff(&out[k], &exp[k]);
+            let tol = 1e-4 * max_abs(&exp[k]).max(1.0);
+            println!("{k}: max abs error vs lgatr {err:.2e} (max |ref| {:.3})", max_abs(&exp[k]));
+            assert!(err <= tol, "{k}: {err} > {tol}");
+        }
+    }
+}
+
+/// Geometric product on 32·200·32 multivector pairs: CPU kernel vs dense GEMM vs gather.
+#[test]
+#[ignore]
+fn geometric_product_implementations() {
+    let n = 32 * 200 * 32;
+    let x = Tensor::randn(0f32, 1.0, (n, 16), &Device::Cpu).unwrap();
+    let y = Tensor::randn(0f32, 1.0, (n, 16), &Device::Cpu).unwrap();
+    let reference = geometric_product_with(&x, &y, GpImpl::Dense).unwrap();
+    for imp in [GpImpl::Kernel, GpImpl::Dense, GpImpl::Gather] {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            let g = geometric_product_with(&x, &y, imp).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+            assert!(max_abs_diff(&g, &reference) < 1e-4);
+        }
+        println!("geometric product {imp:?}: {:.1} ms for {n} products", best * 1e3);
+    }
+}

@@ -1,0 +1,501 @@
+//! SegFormer pre- and post-processing as `SegformerImageProcessor` (transformers 5.24.0) does it, plus
+//! the class remapping used by `edgerun segment`.
+//!
+//! Pre: resize to the configured size (no aspect keep; bilinear = PIL-style antialiased triangle
+//! filter on the 8-bit image), rescale 1/255, normalise with the ImageNet mean/std.
+//! Post: logits resized back to the image size with bilinear `align_corners=False`, argmax over classes
+//! (fused, see [`resize_argmax`]); optional remapping of checkpoint labels onto a project scheme.
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use image::imageops::FilterType;
+use image::RgbImage;
+use rayon::prelude::*;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// `IMAGENET_DEFAULT_MEAN`.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// `IMAGENET_DEFAULT_STD`.
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+/// The largest class count a uint8 mask may carry: ids 0..=254, 255 is the ignore / no-data value
+/// (`semantic_loss_ignore_index`).
+pub const MAX_UINT8_CLASSES: usize = 255;
+
+/// Image preprocessing (`SegformerImageProcessor` settings).
+#[derive(Debug, Clone)]
+pub struct Preprocess {
+    /// Target `(height, width)`; `None`: keep the image size (`do_resize = false`).
+    pub size: Option<(usize, usize)>,
+    /// Resampling filter (`resample`: 2 bilinear = triangle, 3 bicubic, 0 nearest, 1 lanczos).
+    pub filter: FilterType,
+    /// Rescale factor (`1/255`), `None` when `do_rescale = false`.
+    pub rescale: Option<f32>,
+    /// Per-channel mean and std, `None` when `do_normalize = false`.
+    pub normalize: Option<([f32; 3], [f32; 3])>,
+}
+
+impl Default for Preprocess {
+    fn default() -> Self {
+        Preprocess {
+            size: Some((512, 512)),
+            filter: FilterType::Triangle,
+            rescale: Some(1.0 / 255.0),
+            normalize: Some((IMAGENET_MEAN, IMAGENET_STD)),
+        }
+    }
+}
+
+impl Preprocess {
+    /// Reads `preprocessor_config.json` next to the model (inside a model directory, or beside a
+    /// single weight file); the processor defaults (512×512, bilinear, ImageNet) when there is none.
+    pub fn from_model_path(model: &Path) -> Result<Self> {
+        let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
+        if !p.exists() {
+            return Ok(Self::default());
+        }
+        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::bad_file(&p, format!("invalid JSON: {e}")))?;
+        Self::from_json(&v).map_err(|e| Error::bad_file(&p, e.to_string()))
+    }
+
+    /// From a parsed `preprocessor_config.json` (missing fields take the processor defaults).
+    pub fn from_json(v: &serde_json::Value) -> Result<Self> {
+        let bad = |m: String| Error::Config(format!("preprocessor_config: {m}"));
+        let flag = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(true);
+        let d = Self::default();
+        let size = if !flag("do_resize") {
+            None
+        } else {
+            match v.get("size") {
+                None | Some(serde_json::Value::Null) => d.size,
+                Some(serde_json::Value::Number(n)) => {
+                    let n = n.as_u64().filter(|&n| n > 0).ok_or_else(|| bad(format!("bad size {n}")))? as usize;
+                    Some((n, n))
+                }
+                Some(obj) => {
+                    let get = |k: &str| obj.get(k).and_then(|x| x.as_u64()).filter(|&n| n > 0).map(|n| n as usize);
+                    match (get("height"), get("width")) {
+                        (Some(h), Some(w)) => Some((h, w)),
+                        _ => return Err(bad(format!("size {obj} is not {{height, width}}; only a fixed resize is supported"))),
+                    }
+                }
+            }
+        };
+        let filter = match v.get("resample").and_then(|x| x.as_u64()) {
+            None | Some(2) => FilterType::Triangle,
+            Some(3) => FilterType::CatmullRom,
+            Some(0) => FilterType::Nearest,
+            Some(1) => FilterType::Lanczos3,
+            Some(r) => return Err(bad(format!("unsupported resample {r}"))),
+        };
+        let rescale = if flag("do_rescale") {
+            Some(v.get("rescale_factor").and_then(|x| x.as_f64()).unwrap_or(1.0 / 255.0) as f32)
+        } else {
+            None
+        };
+        let triple = |k: &str, dflt: [f32; 3]| -> Result<[f32; 3]> {
+            match v.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(dflt),
+                Some(serde_json::Value::Number(n)) => Ok([n.as_f64().unwrap_or(0.0) as f32; 3]),
+                Some(serde_json::Value::Array(a)) if a.len() == 3 => {
+                    let mut o = [0f32; 3];
+                    for (i, x) in a.iter().enumerate() {
+                        o[i] = x.as_f64().ok_or_else(|| bad(format!("{k} must be numbers")))? as f32;
+                    }
+                    Ok(o)
+                }
+                Some(x) => Err(bad(format!("{k} must be 3 numbers, got {x}"))),
+            }
+        };
+        let normalize = if flag("do_normalize") {
+            let std = triple("image_std", IMAGENET_STD)?;
+            if std.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
+                return Err(bad(format!("image_std {std:?} must be positive")));
+            }
+            Some((triple("image_mean", IMAGENET_MEAN)?, std))
+        } else {
+            None
+        };
+        Ok(Preprocess { size, filter, rescale, normalize })
+    }
+
+    /// The network input size for an image of `w × h`.
+    pub fn input_size(&self, w: u32, h: u32) -> (usize, usize) {
+        self.size.unwrap_or((h as usize, w as usize))
+    }
+
+    /// `pixel_values [3, H, W]` (f32) for one RGB image.
+    pub fn apply(&self, img: &RgbImage, device: &Device) -> Result<Tensor> {
+        let (h, w) = self.input_size(img.width(), img.height());
+        let resized;
+        let img = if (h, w) != (img.height() as usize, img.width() as usize) {
+            resized = image::imageops::resize(img, w as u32, h as u32, self.filter);
+            &resized
+        } else {
+            img
+        };
+        let scale = self.rescale.unwrap_or(1.0);
+        let (mean, std) = self.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
+        let raw = img.as_raw();
+        let plane = h * w;
+        let mut out = vec![0f32; 3 * plane];
+        for (c, dst) in out.chunks_mut(plane).enumerate() {
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = (raw[3 * i + c] as f32 * scale - mean[c]) / std[c];
+            }
+        }
+        Ok(Tensor::from_vec(out, (3, h, w), device)?)
+    }
+}
+
+/// Bilinear resize (PyTorch `interpolate(size=(out_h, out_w), mode="bilinear", align_corners=False)`)
+/// of `logits [C, h, w]` fused with the argmax over classes, without materialising the resized
+/// logits: returns `out_h · out_w` class ids, row-major. Ties go to the lowest class id and NaN wins,
+/// as `torch.argmax`.
+pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<u32>> {
+    let (c, h, w) = logits.dims3()?;
+    if c == 0 || h == 0 || w == 0 || out_h == 0 || out_w == 0 {
+        return Err(Error::Input(format!("resize_argmax: empty logits {:?} or target {out_h}x{out_w}", logits.dims())));
+    }
+    let data = logits.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+    let rows = axis_taps(h, out_h);
+    let cols = axis_taps(w, out_w);
+    let plane = h * w;
+    let mut out = vec![0u32; out_h * out_w];
+    out.par_chunks_mut(out_w).enumerate().for_each(|(oy, orow)| {
+        let (y0, y1, ly1) = rows[oy];
+        let ly0 = 1.0 - ly1;
+        for (ox, o) in orow.iter_mut().enumerate() {
+            let (x0, x1, lx1) = cols[ox];
+            let lx0 = 1.0 - lx1;
+            let mut best = f32::NEG_INFINITY;
+            let mut arg = 0u32;
+            for k in 0..c {
+                let p = &data[k * plane..][..plane];
+                let v = ly0 * (lx0 * p[y0 * w + x0] + lx1 * p[y0 * w + x1]) + ly1 * (lx0 * p[y1 * w + x0] + lx1 * p[y1 * w + x1]);
+                if best.is_nan() {
+                    break;
+                }
+                if k == 0 || v > best || v.is_nan() {
+                    best = v;
+                    arg = k as u32;
+                }
+            }
+            *o = arg;
+        }
+    });
+    Ok(out)
+}
+
+/// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
+fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+    let scale = n_in as f32 / n_out as f32;
+    (0..n_out)
+        .map(|o| {
+            let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
+            let i0 = (src as usize).min(n_in - 1);
+            let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
+            (i0, i1, src - i0 as f32)
+        })
+        .collect()
+}
+
+/// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.
+pub fn argmax_classes(logits: &Tensor) -> Result<Vec<u32>> {
+    let (_, h, w) = logits.dims3()?;
+    resize_argmax(logits, h, w)
+}
+
+/// The PASCAL VOC colour map (bit-interleaved; class 0 black), `n` entries.
+pub fn default_palette(n: usize) -> Vec<[u8; 3]> {
+    (0..n)
+        .map(|i| {
+            let (mut c, mut rgb) = (i, [0u8; 3]);
+            for j in 0..8 {
+                for (k, v) in rgb.iter_mut().enumerate() {
+                    *v |= (((c >> k) & 1) as u8) << (7 - j);
+                }
+                c >>= 3;
+            }
+            rgb
+        })
+        .collect()
+}
+
+/// A class-map file (`--classes map.toml`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClassMapFile {
+    /// Project class taking every checkpoint label not listed; absent: unlisted labels are an error.
+    #[serde(default)]
+    default: Option<String>,
+    /// Project classes in output-id order.
+    #[serde(rename = "class")]
+    classes: Vec<ClassEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClassEntry {
+    name: String,
+    #[serde(default)]
+    labels: Vec<LabelRef>,
+    #[serde(default)]
+    color: Option<[u8; 3]>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum LabelRef {
+    Id(i64),
+    Name(String),
+}
+
+/// The output classes of a segmentation run and the checkpoint-id → output-id lookup.
+#[derive(Debug, Clone)]
+pub struct ClassMap {
+    /// Output class names by output id.
+    pub names: Vec<String>,
+    /// Palette colour by output id.
+    pub colors: Vec<[u8; 3]>,
+    /// Output id for each checkpoint class id.
+    pub lut: Vec<u8>,
+    /// Whether this is a remapping (`--classes`) rather than the checkpoint's own labels.
+    pub remapped: bool,
+    checkpoint_labels: Vec<String>,
+}
+
+impl ClassMap {
+    /// The checkpoint's own classes; more than 255 is an error (uint8 output, 255 = ignore).
+    pub fn identity(checkpoint_labels: &[String]) -> Result<Self> {
+        let n = checkpoint_labels.len();
+        if n == 0 || n > MAX_UINT8_CLASSES {
+            return Err(Error::Config(format!(
+                "the checkpoint has {n} classes; uint8 masks hold at most {MAX_UINT8_CLASSES} (ids 0-254, 255 = ignore): \
+                 map them onto fewer classes with --classes"
+            )));
+        }
+        Ok(ClassMap {
+            names: checkpoint_labels.to_vec(),
+            colors: default_palette(n),
+            lut: (0..n as u32).map(|i| i as u8).collect(),
+            remapped: false,
+            checkpoint_labels: checkpoint_labels.to_vec(),
+        })
+    }
+
+    /// Reads a class-map TOML file for a checkpoint with `checkpoint_labels` (its `id2label`).
+    pub fn load(path: &Path, checkpoint_labels: &[String]) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(&text, checkpoint_labels).map_err(|e| match e {
+            Error::Config(m) => Error::bad_file(path, m),
+            other => other,
+        })
+    }
+
+    /// Parses a class map:
+    /// ```toml
+    /// default = "background"          # optional: class of every checkpoint label not listed
+    /// [[class]]
+    /// name = "background"
+    /// [[class]]
+    /// name = "building"
+    /// labels = ["building", "house", 48]   # id2label names (trimmed, case-insensitive) or ids
+    /// color = [180, 60, 60]                # optional palette colour
+    /// ```
+    pub fn parse(text: &str, checkpoint_labels: &[String]) -> Result<Self> {
+        let bad = |m: String| Error::Config(format!("class map: {m}"));
+        let f: ClassMapFile = toml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let n_out = f.classes.len();
+        if n_out == 0 {
+            return Err(bad("no [[class]] entries".into()));
+        }
+        if n_out > MAX_UINT8_CLASSES {
+            return Err(bad(format!(
+                "{n_out} classes; uint8 masks hold at most {MAX_UINT8_CLASSES} (ids 0-254, 255 = ignore)"
+            )));
+        }
+        let mut by_name: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, c) in f.classes.iter().enumerate() {
+            let key = c.name.trim().to_lowercase();
+            if key.is_empty() {
+                return Err(bad(format!("class {i} has an empty name")));
+            }
+            if by_name.insert(key, i).is_some() {
+                return Err(bad(format!("class `{}` is listed twice", c.name)));
+            }
+        }
+        let mut label_ids: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, l) in checkpoint_labels.iter().enumerate() {
+            label_ids.entry(l.trim().to_lowercase()).or_default().push(i);
+        }
+        let n_in = checkpoint_labels.len();
+        let mut lut: Vec<Option<usize>> = vec![None; n_in];
+        for (out, c) in f.classes.iter().enumerate() {
+            for r in &c.labels {
+                let id = match r {
+                    LabelRef::Id(i) => {
+                        if *i < 0 || *i as usize >= n_in {
+                            return Err(bad(format!("class `{}`: label id {i} is outside the checkpoint's 0..{n_in}", c.name)));
+                        }
+                        *i as usize
+                    }
+                    LabelRef::Name(s) => match label_ids.get(&s.trim().to_lowercase()).map(|v| v.as_slice()) {
+                        Some([one]) => *one,
+                        Some(many) => {
+                            return Err(bad(format!("class `{}`: label `{s}` is ambiguous (checkpoint ids {many:?}); use an id", c.name)))
+                        }
+                        None => return Err(bad(format!("class `{}`: the checkpoint has no label `{s}`", c.name))),
+                    },
+                };
+                if let Some(prev) = lut[id] {
+                    return Err(bad(format!(
+                        "checkpoint label {id} (`{}`) is mapped to both `{}` and `{}`",
+                        checkpoint_labels[id].trim(),
+                        f.classes[prev].name,
+                        c.name
+                    )));
+                }
+                lut[id] = Some(out);
+            }
+        }
+        let default = match &f.default {
+            Some(d) => Some(*by_name.get(&d.trim().to_lowercase()).ok_or_else(|| bad(format!("default `{d}` is not a class")))?),
+            None => None,
+        };
+        let unmapped: Vec<usize> = (0..n_in).filter(|&i| lut[i].is_none()).collect();
+        if default.is_none() && !unmapped.is_empty() {
+            let show: Vec<String> = unmapped.iter().take(8).map(|&i| format!("{i} `{}`", checkpoint_labels[i].trim())).collect();
+            return Err(bad(format!(
+                "{} checkpoint labels are not mapped (e.g. {}) and there is no `default`",
+                unmapped.len(),
+                show.join(", ")
+            )));
+        }
+        let palette = default_palette(n_out);
+        Ok(ClassMap {
+            names: f.classes.iter().map(|c| c.name.trim().to_string()).collect(),
+            colors: f.classes.iter().zip(palette).map(|(c, p)| c.color.unwrap_or(p)).collect(),
+            lut: lut.into_iter().map(|o| o.or(default).unwrap_or(0) as u8).collect(),
+            remapped: true,
+            checkpoint_labels: checkpoint_labels.to_vec(),
+        })
+    }
+
+    /// Output ids (uint8) for checkpoint class ids.
+    pub fn apply(&self, ids: &[u32]) -> Result<Vec<u8>> {
+        ids.iter()
+            .map(|&i| {
+                self.lut.get(i as usize).copied().ok_or_else(|| Error::Input(format!("class id {i} is outside the checkpoint's classes")))
+            })
+            .collect()
+    }
+
+    /// RGB bytes of a palette visualisation of output ids.
+    pub fn colorize(&self, ids: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(ids.len() * 3);
+        for &i in ids {
+            out.extend_from_slice(self.colors.get(i as usize).unwrap_or(&[255, 255, 255]));
+        }
+        out
+    }
+
+    /// The metadata JSON written into the mask PNG: output classes and, when remapped, which
+    /// checkpoint labels each output class takes.
+    pub fn metadata_json(&self) -> String {
+        let mut v = serde_json::json!({
+            "classes": self.names,
+            "ignore_index": 255,
+        });
+        if self.remapped {
+            let mapping: Vec<serde_json::Value> = (0..self.names.len())
+                .map(|o| {
+                    let srcs: Vec<serde_json::Value> = (0..self.lut.len())
+                        .filter(|&i| self.lut[i] as usize == o)
+                        .map(|i| serde_json::json!([i, self.checkpoint_labels[i].trim()]))
+                        .collect();
+                    serde_json::json!({"id": o, "name": self.names[o], "checkpoint_labels": srcs})
+                })
+                .collect();
+            v["mapping"] = serde_json::Value::Array(mapping);
+        }
+        v.to_string()
+    }
+}
+
+/// A loaded SegFormer with its preprocessing: images in, per-pixel checkpoint class ids out.
+pub struct Segmenter {
+    model: super::SegformerForSemanticSegmentation,
+    preprocess: Preprocess,
+    labels: Vec<String>,
+}
+
+impl Segmenter {
+    /// Opens a model directory (or weight file) whose architecture is `segformer`, reading
+    /// `preprocessor_config.json` beside it when present.
+    pub fn load(model: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let store = std::sync::Arc::new(crate::weights::WeightStore::open(model)?);
+        match store.architecture().as_deref() {
+            Some("segformer") => {}
+            other => {
+                return Err(Error::Config(format!(
+                    "{}: architecture {other:?} is not a SegFormer (model_type `segformer`)",
+                    model.display()
+                )))
+            }
+        }
+        let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
+        let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())?;
+        let labels = model_.config().labels();
+        Ok(Segmenter { model: model_, preprocess: Preprocess::from_model_path(model)?, labels })
+    }
+
+    /// From parts already loaded.
+    pub fn new(model: super::SegformerForSemanticSegmentation, preprocess: Preprocess) -> Self {
+        let labels = model.config().labels();
+        Segmenter { model, preprocess, labels }
+    }
+
+    /// The checkpoint's class names by id.
+    pub fn labels(&self) -> &[String] {
+        &self.labels
+    }
+
+    /// The preprocessing in use.
+    pub fn preprocess(&self) -> &Preprocess {
+        &self.preprocess
+    }
+
+    /// Replaces the network input size (`(height, width)`).
+    pub fn set_input_size(&mut self, size: Option<(usize, usize)>) {
+        self.preprocess.size = size;
+    }
+
+    /// The model.
+    pub fn model(&self) -> &super::SegformerForSemanticSegmentation {
+        &self.model
+    }
+
+    /// Per image: checkpoint class ids at the image's own size (row-major, `height · width`).
+    /// Images with the same network input size run as one batch.
+    pub fn segment(&self, images: &[&RgbImage]) -> Result<Vec<Vec<u32>>> {
+        let device = self.model.device().clone();
+        let mut out: Vec<Option<Vec<u32>>> = vec![None; images.len()];
+        let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
+        for (i, img) in images.iter().enumerate() {
+            groups.entry(self.preprocess.input_size(img.width(), img.height())).or_default().push(i);
+        }
+        for idx in groups.values() {
+            let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
+            let logits = self.model.forward(&Tensor::stack(&xs, 0)?)?;
+            for (k, &i) in idx.iter().enumerate() {
+                let (w, h) = images[i].dimensions();
+                out[i] = Some(resize_argmax(&logits.get(k)?, h as usize, w as usize)?);
+            }
+        }
+        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
+    }
+}

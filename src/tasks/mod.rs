@@ -1,0 +1,3 @@
+//! Image-level tasks: preprocessing, batched forward passes and postprocessing around the raw models.
+pub mod batch;
+pub mod depth;

@@ -1,0 +1,60 @@
+//! `edgerun quantize`: GGUF copies of a fixture model run within measured error bounds.
+mod common;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::DType;
+use common::*;
+use edgerun::quantize::{quantize, Recipe};
+use edgerun::weights::{StoredDType, WeightStore};
+
+fn quantized_parity(qtype: GgmlDType, rel_bound: f32) -> f32 {
+    let dir = fixture("da2_relative_p14");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("model.gguf");
+    let mut reports = Vec::new();
+    let summary = quantize(&dir, &out, qtype, &Recipe::default(), |r| reports.push(r.clone())).unwrap();
+    let store = WeightStore::open(&out).unwrap();
+    assert_eq!(store.architecture().as_deref(), Some("depth_anything"), "config travels in the GGUF metadata");
+    assert_eq!(store.entries().len(), summary.tensors);
+    assert_eq!(summary.bytes_out, std::fs::metadata(&out).unwrap().len());
+    // Matrices are quantized, norms and biases stay f32.
+    let q = &store.entries()["backbone.encoder.layer.0.attention.attention.query.weight"];
+    assert_eq!(q.dtype, StoredDType::Ggml(qtype));
+    assert_eq!(store.entries()["backbone.encoder.layer.0.norm1.weight"].dtype, StoredDType::Ggml(GgmlDType::F32));
+    let model = load_model(&out, DType::F32);
+    let inputs = tensors(&dir, "input.safetensors");
+    let expected = tensors(&dir, "expected.safetensors");
+    let got = model.forward_named(&inputs).unwrap();
+    assert_close(&format!("{qtype:?} GGUF"), &got["predicted_depth"], &expected["predicted_depth"], rel_bound)
+}
+
+#[test]
+fn f16_gguf_within_bound() {
+    quantized_parity(GgmlDType::F16, 2e-3);
+}
+
+#[test]
+fn q8_0_gguf_within_bound() {
+    quantized_parity(GgmlDType::Q8_0, 2e-2);
+}
+
+#[test]
+fn k_quant_falls_back_when_inner_dim_does_not_fit() {
+    // Hidden size 32 is not a multiple of 256: Q4K must fall back to Q8_0 (the default recipe).
+    let dir = fixture("da2_relative_p14");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.gguf");
+    quantize(&dir, &out, GgmlDType::Q4K, &Recipe::default(), |_| {}).unwrap();
+    let store = WeightStore::open(&out).unwrap();
+    let q = &store.entries()["backbone.encoder.layer.0.mlp.fc1.weight"];
+    assert_eq!(q.dtype, StoredDType::Ggml(GgmlDType::Q8_0));
+}
+
+#[test]
+fn no_partial_file_on_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.gguf");
+    let err = quantize(&tmp.path().join("missing"), &out, GgmlDType::Q8_0, &Recipe::default(), |_| {});
+    assert!(err.is_err());
+    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing left behind");
+}
