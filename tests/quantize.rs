@@ -58,3 +58,24 @@ fn no_partial_file_on_failure() {
     assert!(err.is_err());
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing left behind");
 }
+
+#[test]
+fn builtin_depth_anything_recipe_keeps_convs_float() {
+    let r = Recipe::builtin("depth_anything").unwrap().expect("recipe ships");
+    let w = "backbone.encoder.layer.3.mlp.fc1.weight";
+    assert_eq!(r.choose(w, &[1536, 384], GgmlDType::Q8_0), GgmlDType::Q8_0);
+    assert_eq!(r.choose(w, &[1536, 384], GgmlDType::Q4K), GgmlDType::Q8_0, "384 does not fit 256-blocks");
+    assert_eq!(r.choose("backbone.encoder.layer.3.mlp.fc1.weight", &[4096, 1024], GgmlDType::Q4K), GgmlDType::Q4K);
+    assert_eq!(r.choose("neck.convs.0.weight", &[64, 48, 3, 3], GgmlDType::Q4K), GgmlDType::F16);
+    assert_eq!(r.choose("backbone.embeddings.position_embeddings", &[1, 1370, 384], GgmlDType::Q8_0), GgmlDType::F32);
+    assert_eq!(r.choose("backbone.encoder.layer.0.norm1.weight", &[384], GgmlDType::Q8_0), GgmlDType::F32);
+}
+
+#[test]
+fn recipe_file_errors_name_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("bad.toml");
+    std::fs::write(&p, "arch = \"x\"\nfloat = \"q4k\"\n").unwrap();
+    let e = Recipe::from_file(&p).unwrap_err().to_string();
+    assert!(e.contains("bad.toml") && e.contains("float"), "{e}");
+}

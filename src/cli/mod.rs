@@ -5,6 +5,7 @@ mod edges;
 mod forward;
 mod inspect;
 mod quantize;
+mod segment;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +32,8 @@ enum Command {
     Depth(depth::Args),
     /// Sobel edges of existing depth maps.
     Edges(edges::Args),
+    /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids).
+    Segment(segment::Args),
 }
 
 /// Runs the parsed command.
@@ -45,6 +48,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Forward(a) => forward::run(a),
         Command::Depth(a) => depth::run(a),
         Command::Edges(a) => edges::run(a),
+        Command::Segment(a) => segment::run(a),
     }
 }
 

@@ -28,7 +28,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let target = parse_ggml_name(&a.qtype).with_context(|| format!("unknown --type `{}`", a.qtype))?;
     let recipe = match &a.recipe {
         Some(p) => Recipe::from_file(p)?,
-        None => Recipe::default(),
+        None => {
+            let arch = edgerun::weights::WeightStore::open(&a.input)
+                .with_context(|| format!("cannot open {}", a.input.display()))?
+                .architecture()
+                .unwrap_or_default();
+            Recipe::builtin(&arch)?.unwrap_or_default()
+        }
     };
     anyhow::ensure!(a.output != a.input, "output must differ from input");
     let quiet = a.quiet;

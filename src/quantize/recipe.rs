@@ -76,7 +76,18 @@ fn any_match(patterns: &[String], name: &str) -> bool {
     patterns.iter().any(|p| glob_match(p, name))
 }
 
+/// The recipes in `quantize/`, built into the binary: (architecture, TOML text).
+const BUILTIN: &[(&str, &str)] = &[("depth_anything", include_str!("../../quantize/depth_anything.toml"))];
+
 impl Recipe {
+    /// The built-in recipe for `arch`, if one ships with edgerun.
+    pub fn builtin(arch: &str) -> Result<Option<Self>> {
+        let Some((_, text)) = BUILTIN.iter().find(|(a, _)| *a == arch) else { return Ok(None) };
+        let r: Recipe = toml::from_str(text).map_err(|e| Error::Config(format!("built-in recipe for {arch}: {e}")))?;
+        r.validate().map_err(Error::Config)?;
+        Ok(Some(r))
+    }
+
     /// Reads and validates a recipe file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;

@@ -1,25 +1,23 @@
 //! SegFormer pre- and post-processing as `SegformerImageProcessor` (transformers 5.24.0) does it, plus
 //! the class remapping used by `edgerun segment`.
 //!
-//! Pre: resize to the configured size (no aspect keep; bilinear = PIL-style antialiased triangle
-//! filter on the 8-bit image), rescale 1/255, normalise with the ImageNet mean/std.
+//! Pre: resize to the configured size (no aspect keep; Pillow-exact antialiased BILINEAR on the 8-bit
+//! image, `crate::imageio::resample`), rescale 1/255, normalise with the ImageNet mean/std.
 //! Post: logits resized back to the image size with bilinear `align_corners=False`, argmax over classes
 //! (fused, see [`resize_argmax`]); optional remapping of checkpoint labels onto a project scheme.
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use image::imageops::FilterType;
 use image::RgbImage;
 use rayon::prelude::*;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::imageio::resample::{resize, Filter};
 
-/// `IMAGENET_DEFAULT_MEAN`.
-pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
-/// `IMAGENET_DEFAULT_STD`.
-pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+pub use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
+
 /// The largest class count a uint8 mask may carry: ids 0..=254, 255 is the ignore / no-data value
 /// (`semantic_loss_ignore_index`).
 pub const MAX_UINT8_CLASSES: usize = 255;
@@ -29,8 +27,8 @@ pub const MAX_UINT8_CLASSES: usize = 255;
 pub struct Preprocess {
     /// Target `(height, width)`; `None`: keep the image size (`do_resize = false`).
     pub size: Option<(usize, usize)>,
-    /// Resampling filter (`resample`: 2 bilinear = triangle, 3 bicubic, 0 nearest, 1 lanczos).
-    pub filter: FilterType,
+    /// Resampling filter (`resample`: 2 = PIL BILINEAR, 3 = PIL BICUBIC), Pillow-exact.
+    pub filter: Filter,
     /// Rescale factor (`1/255`), `None` when `do_rescale = false`.
     pub rescale: Option<f32>,
     /// Per-channel mean and std, `None` when `do_normalize = false`.
@@ -41,7 +39,7 @@ impl Default for Preprocess {
     fn default() -> Self {
         Preprocess {
             size: Some((512, 512)),
-            filter: FilterType::Triangle,
+            filter: Filter::Bilinear,
             rescale: Some(1.0 / 255.0),
             normalize: Some((IMAGENET_MEAN, IMAGENET_STD)),
         }
@@ -85,11 +83,9 @@ impl Preprocess {
             }
         };
         let filter = match v.get("resample").and_then(|x| x.as_u64()) {
-            None | Some(2) => FilterType::Triangle,
-            Some(3) => FilterType::CatmullRom,
-            Some(0) => FilterType::Nearest,
-            Some(1) => FilterType::Lanczos3,
-            Some(r) => return Err(bad(format!("unsupported resample {r}"))),
+            None | Some(2) => Filter::Bilinear,
+            Some(3) => Filter::Bicubic,
+            Some(r) => return Err(bad(format!("unsupported resample {r} (2 = bilinear and 3 = bicubic are supported)"))),
         };
         let rescale = if flag("do_rescale") {
             Some(v.get("rescale_factor").and_then(|x| x.as_f64()).unwrap_or(1.0 / 255.0) as f32)
@@ -132,7 +128,7 @@ impl Preprocess {
         let (h, w) = self.input_size(img.width(), img.height());
         let resized;
         let img = if (h, w) != (img.height() as usize, img.width() as usize) {
-            resized = image::imageops::resize(img, w as u32, h as u32, self.filter);
+            resized = resize(img, w as u32, h as u32, self.filter);
             &resized
         } else {
             img

@@ -1,0 +1,69 @@
+"""Shared helpers for side-by-side benchmarks: edgerun vs PyTorch vs ONNX Runtime on the same weights."""
+import json
+import os
+import resource
+import subprocess
+import time
+
+import numpy as np
+import torch
+
+
+def time_torch(model, inputs: dict, repeat: int) -> list[float]:
+    """Forward-pass wall times in ms (after one warm-up run)."""
+    with torch.no_grad():
+        model(**inputs)
+        out = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            model(**inputs)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def time_onnx(model, inputs: dict, path: str, output_names: list[str], repeat: int):
+    """Exports `model` to ONNX at `path` and returns ORT forward times in ms, or None if export fails."""
+    import onnxruntime as ort
+
+    names = list(inputs)
+    try:
+        torch.onnx.export(model, tuple(inputs[n] for n in names), path, input_names=names,
+                          output_names=output_names, opset_version=17, dynamo=False)
+    except Exception as e:  # noqa: BLE001 - report and carry on without ORT
+        print(f"onnx export failed: {e}")
+        return None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feed = {n: inputs[n].numpy() for n in names}
+    sess.run(None, feed)
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        sess.run(None, feed)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def run_edgerun(binary: str, model_dir: str, input_path: str, repeat: int, dtype: str = "f32") -> tuple[list[float], float]:
+    """Runs `edgerun forward --repeat` and returns (forward ms list, peak RSS MiB)."""
+    out_path = input_path + ".edgerun-out.safetensors"
+    cmd = ["/usr/bin/time", "-f", "%M", binary, "forward", "--model", model_dir, "--input", input_path,
+           "--output", out_path, "--device", "cpu", "--dtype", dtype, "--repeat", str(repeat)]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    timing = json.loads(next(l for l in lines if l.startswith("{")))
+    rss_kb = int(lines[-1])
+    return timing["forward_ms"], rss_kb / 1024
+
+
+def median(xs):
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def threads() -> int:
+    return int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1)))
