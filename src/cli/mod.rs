@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch.
 mod common;
 mod depth;
+mod doctor;
 mod edges;
 mod forward;
 mod inspect;
@@ -11,7 +12,7 @@ use clap::{Parser, Subcommand};
 
 /// Perception and physics models at the edge.
 #[derive(Parser, Debug)]
-#[command(name = "edgerun", version, about)]
+#[command(name = "edgerun", version = env!("EDGERUN_LONG_VERSION"), about)]
 pub struct Cli {
     /// CPU threads for compute (default: Candle's choice, the physical core count).
     #[arg(long, global = true)]
@@ -32,6 +33,8 @@ enum Command {
     Depth(depth::Args),
     /// Sobel edges of existing depth maps.
     Edges(edges::Args),
+    /// Report devices, memory, threads, CPU features and whether models load.
+    Doctor(doctor::Args),
     /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids).
     Segment(segment::Args),
 }
@@ -48,6 +51,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Forward(a) => forward::run(a),
         Command::Depth(a) => depth::run(a),
         Command::Edges(a) => edges::run(a),
+        Command::Doctor(a) => doctor::run(a),
         Command::Segment(a) => segment::run(a),
     }
 }

@@ -23,7 +23,7 @@ pub trait Model: Send + Sync {
 }
 
 /// The architectures `load` knows, as `model_type` strings.
-pub const ARCHITECTURES: &[&str] = &["depth_anything", "segformer", ];
+pub const ARCHITECTURES: &[&str] = &["depth_anything", "lgatr", "lgatr_slim", "segformer", ];
 
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
@@ -35,6 +35,7 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let config = store.config().clone();
     let _ = (&vb, &config);
     match arch.as_str() {
+        "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config),
         "depth_anything" => Ok(Box::new(depth_anything::DepthAnything::load(&vb, &config)?)),
         "segformer" => Ok(Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?)),
         other => Err(Error::Config(format!(

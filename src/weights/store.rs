@@ -112,8 +112,15 @@ impl WeightStore {
                 return Err(Error::bad_file(dir, "model directory has no config.json"));
             };
             if index.exists() {
-                let shards = shard_files(dir, &index)?;
-                return Self::open_safetensors(dir, shards, config, limits);
+                let (shards, weight_map) = shard_files(dir, &index)?;
+                let store = Self::open_safetensors(dir, shards, config, limits)?;
+                for (tensor, file) in weight_map {
+                    let entry = store.tensors.get(&tensor).ok_or_else(|| Error::bad_tensor(&index, &tensor, format!("listed in weight_map but not found in {file}")))?;
+                    if store.files[entry.file].path.file_name().is_none_or(|n| n != file.as_str()) {
+                        return Err(Error::bad_tensor(&index, &tensor, format!("weight_map says {file}, but it is stored in {}", store.files[entry.file].path.display())));
+                    }
+                }
+                return Ok(store);
             }
             return Self::open_safetensors(dir, vec![single], config, limits);
         }
@@ -317,13 +324,15 @@ impl WeightStore {
     }
 }
 
-fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {
+/// The shard files of a sharded checkpoint and its (tensor → shard file) map.
+fn shard_files(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, Vec<(String, String)>)> {
     let v = read_config(index)?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
         .ok_or_else(|| Error::bad_file(index, "no `weight_map` object"))?;
     let mut names: Vec<String> = Vec::new();
+    let mut weight_map = Vec::with_capacity(map.len());
     for (tensor, file) in map {
         let file = file.as_str().ok_or_else(|| Error::bad_file(index, format!("shard of `{tensor}` is not a string")))?;
         let ok = !file.is_empty() && !file.contains(['/', '\\']) && file != "." && file != "..";
@@ -333,10 +342,11 @@ fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {
         if !names.iter().any(|n| n == file) {
             names.push(file.to_string());
         }
+        weight_map.push((tensor.clone(), file.to_string()));
     }
     if names.is_empty() {
         return Err(Error::bad_file(index, "`weight_map` is empty"));
     }
     names.sort();
-    Ok(names.into_iter().map(|n| dir.join(n)).collect())
+    Ok((names.into_iter().map(|n| dir.join(n)).collect(), weight_map))
 }
