@@ -88,3 +88,54 @@ fn geometric_product_implementations() {
         println!("geometric product {imp:?}: {:.1} ms for {n} products", best * 1e3);
     }
 }
+
+fn best_of<F: FnMut() -> Tensor>(mut f: F) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let _ = f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best * 1e3
+}
+
+/// Per-op timings at the benchmark shapes (T = 6400 items, C = 16, S = 32, 8 heads of 4 mv + 8 s).
+#[test]
+#[ignore]
+fn op_profile() {
+    use edgerun::models::lgatr::attention::sdpa;
+    use edgerun::models::lgatr::mlp::gate_fused;
+    use edgerun::models::lgatr::norm::EquiNorm;
+    use edgerun::models::lgatr::Nonlinearity;
+    let dev = Device::Cpu;
+    let t = 6400;
+    for (k, m) in [(288, 1728), (576, 288), (288, 1056), (544, 576)] {
+        let x = Tensor::randn(0f32, 1.0, (t, k), &dev).unwrap();
+        let w = Tensor::randn(0f32, 1.0, (k, m), &dev).unwrap();
+        let ms = best_of(|| x.matmul(&w).unwrap());
+        println!("gemm {t}x{k} @ {k}x{m}: {ms:.1} ms ({:.1} GFLOP/s)", 2.0 * (t * k * m) as f64 / ms / 1e6);
+    }
+    let q = Tensor::randn(0f32, 1.0, (32, 8, 200, 72), &dev).unwrap();
+    let k = Tensor::randn(0f32, 1.0, (32, 8, 200, 72), &dev).unwrap();
+    let v = Tensor::randn(0f32, 1.0, (32, 8, 200, 72), &dev).unwrap();
+    println!("sdpa (32,8,200,72): {:.1} ms", best_of(|| sdpa(&q, &k, &v, None).unwrap()));
+    let kt = k.reshape((256, 200, 72)).unwrap().transpose(1, 2).unwrap();
+    let kc = kt.contiguous().unwrap();
+    let q3 = q.reshape((256, 200, 72)).unwrap();
+    println!("  q@kT (strided kT): {:.1} ms", best_of(|| q3.matmul(&kt).unwrap()));
+    println!("  q@kT (contiguous kT): {:.1} ms", best_of(|| q3.matmul(&kc).unwrap()));
+    let sc = q3.matmul(&kc).unwrap();
+    println!("  softmax: {:.1} ms", best_of(|| candle_nn::ops::softmax_last_dim(&sc).unwrap()));
+    let v3 = v.reshape((256, 200, 72)).unwrap();
+    println!("  p@v: {:.1} ms", best_of(|| sc.matmul(&v3).unwrap()));
+    let n = EquiNorm::plain(16, 32, &dev, DType::F32).unwrap();
+    let x = Tensor::randn(0f32, 1.0, (t, 288), &dev).unwrap();
+    println!("norm (6400, 16mv+32s): {:.1} ms", best_of(|| n.forward(&x).unwrap()));
+    let nq = EquiNorm::plain(4, 8, &dev, DType::F32).unwrap();
+    let xq = Tensor::randn(0f32, 1.0, (t * 24, 72), &dev).unwrap();
+    println!("qkv norm (6400*24, 4mv+8s): {:.1} ms", best_of(|| nq.forward(&xq).unwrap()));
+    let xg = Tensor::randn(0f32, 1.0, (t, 576), &dev).unwrap();
+    println!("gate (6400, 32mv+64s): {:.1} ms", best_of(|| gate_fused(&xg, 32, 64, Nonlinearity::Gelu).unwrap()));
+    let lr = Tensor::randn(0f32, 1.0, (t, 2 * 32 * 16 + 32), &dev).unwrap();
+    println!("gp_fused (6400, 32 ch): {:.1} ms", best_of(|| edgerun::models::lgatr::bilinear::gp_fused(&lr, 32, 32, true).unwrap()));
+}

@@ -1,11 +1,14 @@
 //! edgerun: perception and physics models at the edge, on Candle.
+pub mod annotate;
 pub mod device;
 pub mod edges;
 pub mod fsutil;
+pub mod geotiff;
 pub mod imageio;
 pub mod error;
 pub mod models;
 pub mod preprocess;
+pub mod profile;
 pub mod nn;
 pub mod quantize;
 pub mod tasks;

@@ -19,11 +19,12 @@ fn rand(shape: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
 }
 
+/// Max |a − b|, computed in f64.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.dims(), b.dims());
-    let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    let a = a.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    let b = b.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max) as f32
 }
 
 fn max_abs(a: &Tensor) -> f32 {
@@ -31,7 +32,8 @@ fn max_abs(a: &Tensor) -> f32 {
 }
 
 /// (B, C, H, W, multiplier, kh, kw, stride, padding, dilation)
-const CASES: &[(usize, usize, usize, usize, usize, usize, usize, usize, usize, usize)] = &[
+type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize, usize);
+const CASES: &[Case] = &[
     (2, 8, 16, 16, 1, 3, 3, 1, 1, 1),  // SegFormer Mix-FFN
     (1, 5, 7, 9, 1, 3, 3, 1, 1, 1),    // odd sizes
     (2, 3, 11, 6, 1, 3, 3, 2, 1, 1),   // stride 2, odd
@@ -172,7 +174,7 @@ fn gradients_match_references() {
             let err = max_abs_diff(&got[k], &want[k]);
             assert!(err <= tol, "case {i} grad {name} (f32 vs tap-sum): max abs err {err}");
             let err = max_abs_diff(&got64[k], &want[k]);
-            assert!(err <= 1e-9, "case {i} grad {name} (f64 vs tap-sum): max abs err {err}");
+            assert!(err <= 1e-9 * max_abs(&want[k]).max(1.0), "case {i} grad {name} (f64 vs tap-sum): max abs err {err}");
             if let Some(gr) = &grouped {
                 let err = max_abs_diff(&got[k], &gr[k]);
                 assert!(err <= tol, "case {i} grad {name} (vs grouped conv): max abs err {err}");
@@ -220,4 +222,91 @@ fn module_impls_agree_and_bad_shapes_error() {
     assert!(depthwise_conv2d(&x, &rand(&[4, 1, 9, 9], 1), None, cfg).is_err());
     assert!(depthwise_conv2d(&x, &wt, Some(&rand(&[3], 1)), cfg).is_err());
     assert!(depthwise_conv2d(&x, &wt, None, DepthwiseConfig { stride: 0, padding: 1, dilation: 1 }).is_err());
+}
+
+/// The channels-last op (`[B, H, W, C]`, fused bias and optional exact GELU) against the grouped conv
+/// on permuted tensors, for every case.
+#[test]
+fn nhwc_forward_matches_grouped_conv() {
+    use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DwActivation};
+    for (i, &(b, c, h, w, m, kh, kw, s, p, d)) in CASES.iter().enumerate() {
+        let cfg = DepthwiseConfig { stride: s, padding: p, dilation: d };
+        let x = rand(&[b, h, w, c], 1000 + i as u64);
+        let wt = rand(&[c * m, 1, kh, kw], 1100 + i as u64);
+        let bias = rand(&[c * m], 1200 + i as u64);
+        let nchw = x.permute((0, 3, 1, 2)).unwrap();
+        for act in [DwActivation::None, DwActivation::GeluErf] {
+            for bias in [None, Some(&bias)] {
+                let got = depthwise_conv2d_nhwc(&x, &wt, bias, act, cfg).unwrap();
+                let mut want = depthwise_conv2d_grouped(&nchw.contiguous().unwrap(), &wt, bias, cfg).unwrap();
+                if act == DwActivation::GeluErf {
+                    want = want.gelu_erf().unwrap();
+                }
+                let want = want.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+                assert_eq!(got.dims(), want.dims(), "case {i}");
+                let err = max_abs_diff(&got, &want);
+                assert!(err <= 1e-5 * max_abs(&want).max(1.0), "case {i} {act:?}: max abs err {err}");
+            }
+        }
+    }
+    // A strided view (token layout [B, N, C] viewed as [B, H, W, C]) and f16 / f64.
+    let t = rand(&[2, 5 * 6, 8], 77).transpose(1, 2).unwrap().transpose(1, 2).unwrap().reshape((2, 5, 6, 8)).unwrap();
+    let wt = rand(&[8, 1, 3, 3], 78);
+    let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
+    let want = depthwise_conv2d_nhwc(&t, &wt, None, DwActivation::GeluErf, cfg).unwrap();
+    let x64 = t.to_dtype(DType::F64).unwrap();
+    let got64 = depthwise_conv2d_nhwc(&x64, &wt.to_dtype(DType::F64).unwrap(), None, DwActivation::GeluErf, cfg).unwrap();
+    assert!(max_abs_diff(&got64, &want) < 1e-5);
+    let got16 = depthwise_conv2d_nhwc(&t.to_dtype(DType::F16).unwrap(), &wt.to_dtype(DType::F16).unwrap(), None, DwActivation::GeluErf, cfg).unwrap();
+    assert_eq!(got16.dtype(), DType::F16);
+    assert!(max_abs_diff(&got16, &want) < 1e-2);
+    // Shape errors.
+    assert!(depthwise_conv2d_nhwc(&t, &rand(&[6, 1, 3, 3], 1), None, DwActivation::None, cfg).is_err());
+    assert!(depthwise_conv2d_nhwc(&t, &wt, Some(&rand(&[3], 1)), DwActivation::None, cfg).is_err());
+}
+
+fn exact_gelu(y: &Tensor) -> Tensor {
+    let cdf = (((y * std::f64::consts::FRAC_1_SQRT_2).unwrap().erf().unwrap() + 1.0).unwrap() * 0.5).unwrap();
+    (y * cdf).unwrap()
+}
+
+/// Channels-last gradients (input, weight, bias; with and without the fused GELU) against the
+/// tap-sum reference in f64 (permutes + Candle's differentiable `gelu_erf`).
+#[test]
+fn nhwc_gradients_match_reference() {
+    use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DwActivation};
+    for (i, &(b, c, h, w, m, kh, kw, s, p, d)) in CASES.iter().enumerate() {
+        let cfg = DepthwiseConfig { stride: s, padding: p, dilation: d };
+        let x0 = rand(&[b, h, w, c], 1300 + i as u64);
+        let w0 = rand(&[c * m, 1, kh, kw], 1400 + i as u64);
+        let b0 = rand(&[c * m], 1500 + i as u64);
+        for act in [DwActivation::None, DwActivation::GeluErf] {
+            let grads = |reference: bool, dt: DType| {
+                let var = |t: &Tensor| Var::from_tensor(&t.to_dtype(dt).unwrap()).unwrap();
+                let (x, wt, bias) = (var(&x0), var(&w0), var(&b0));
+                let y = if reference {
+                    let y = tap_sum_reference(&x.as_tensor().permute((0, 3, 1, 2)).unwrap().contiguous().unwrap(), wt.as_tensor(), bias.as_tensor(), cfg);
+                    // x·Φ(x) from erf (exact derivative; Candle's gelu_erf backward rounds 1/sqrt(2π) to 0.398942).
+                    let y = if act == DwActivation::GeluErf { exact_gelu(&y) } else { y };
+                    y.permute((0, 2, 3, 1)).unwrap()
+                } else {
+                    depthwise_conv2d_nhwc(x.as_tensor(), wt.as_tensor(), Some(bias.as_tensor()), act, cfg).unwrap()
+                };
+                let r = rand(y.dims(), 1600 + i as u64).to_dtype(dt).unwrap();
+                let g = (y * r).unwrap().sum_all().unwrap().backward().unwrap();
+                let get = |v: &Var| g.get(v.as_tensor()).expect("missing gradient").clone();
+                [get(&x), get(&wt), get(&bias)]
+            };
+            let want = grads(true, DType::F64);
+            let got = grads(false, DType::F32);
+            let got64 = grads(false, DType::F64);
+            for (k, name) in ["x", "w", "bias"].iter().enumerate() {
+                assert_eq!(got[k].dims(), want[k].dims(), "case {i} grad {name}");
+                let err = max_abs_diff(&got[k], &want[k]);
+                assert!(err <= 1e-5 * max_abs(&want[k]).max(1.0), "case {i} {act:?} grad {name}: {err}");
+                let err = max_abs_diff(&got64[k], &want[k]);
+                assert!(err <= 1e-9 * max_abs(&want[k]).max(1.0), "case {i} {act:?} grad {name} (f64): {err}");
+            }
+        }
+    }
 }

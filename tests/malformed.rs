@@ -952,3 +952,32 @@ fn single_bit_flips_never_panic() {
         }
     }
 }
+
+/// Writes the fuzzing seeds (tiny valid files) when `EDGERUN_FUZZ_SEEDS=<dir>` is set; otherwise a no-op.
+/// `EDGERUN_FUZZ_SEEDS=fuzz/corpus-seeds cargo test --test malformed write_fuzz_seeds`
+#[test]
+fn write_fuzz_seeds() {
+    let Some(root) = std::env::var_os("EDGERUN_FUZZ_SEEDS") else { return };
+    let root = PathBuf::from(root);
+    let mut a64 = small_gguf().kv_u32("general.alignment", 64);
+    a64.alignment = 64;
+    let k = |dt: GgmlDType| {
+        let t = Tensor::from_vec(ramp(256), 256, &Device::Cpu).unwrap();
+        let b = QTensor::quantize(&t, dt).unwrap().data().unwrap().to_vec();
+        let planned = plan(vec![("k".into(), vec![256], dt)]).unwrap();
+        let mut w = GgufWriter::new(Cursor::new(Vec::new()), &[], planned).unwrap();
+        w.write_tensor(&b).unwrap();
+        w.finish().unwrap().into_inner()
+    };
+    let sts = [valid_st(), valid_st_with(5)];
+    let ggufs = [valid_gguf(), small_gguf().build(), a64.build(), k(GgmlDType::Q4K), k(GgmlDType::Q6K)];
+    for (target, files) in [("safetensors_header", &sts[..]), ("gguf_header", &ggufs[..])] {
+        for (i, f) in files.iter().enumerate() {
+            assert!(f.len() < 2048);
+            write(&root.join(target), &format!("seed{i}"), f);
+        }
+    }
+    for (i, f) in sts.iter().chain(&ggufs).enumerate() {
+        write(&root.join("store_load"), &format!("seed{i}"), f);
+    }
+}

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use edgerun::models::segformer::{resize_argmax, SegformerForSemanticSegmentation};
+use edgerun::models::segformer::{resize_argmax, DecodeHeadImpl, SegformerForSemanticSegmentation};
 use edgerun::models::NamedTensors;
 use edgerun::nn::depthwise::DepthwiseImpl;
 use edgerun::tensor_io::read_tensors;
@@ -35,6 +35,7 @@ fn assert_close(what: &str, got: &Tensor, want: &Tensor) {
     assert_eq!(gd, wd, "{what}: shape");
     let scale = w.iter().fold(1f32, |m, v| m.max(v.abs()));
     let err = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    eprintln!("{what}: max abs err {err:.2e} (tolerance {:.2e})", 1e-4 * scale);
     assert!(err <= 1e-4 * scale, "{what}: max abs err {err} > {}", 1e-4 * scale);
 }
 
@@ -81,13 +82,19 @@ fn check_case(name: &str, suffixes: &[&str]) {
         assert_close(&format!("{name} logits{sfx}"), got, want);
         assert_argmax(&format!("{name} logits{sfx}"), got, want);
 
+        // Both Mix-FFN depthwise paths x both decode-head evaluations.
         for imp in [DepthwiseImpl::Auto, DepthwiseImpl::Grouped] {
-            direct.set_depthwise_impl(imp);
-            let (logits, hidden) = direct.forward_with_hidden(x).unwrap();
-            assert_close(&format!("{name} logits{sfx} ({imp:?})"), &logits, want);
-            assert_eq!(hidden.len(), 4);
-            for (i, h) in hidden.iter().enumerate() {
-                assert_close(&format!("{name} encoder_hidden_states{sfx}.{i} ({imp:?})"), h, &expected[&format!("encoder_hidden_states{sfx}.{i}")]);
+            for head in [DecodeHeadImpl::Folded, DecodeHeadImpl::Literal] {
+                direct.set_depthwise_impl(imp);
+                direct.set_decode_head_impl(head);
+                let (logits, hidden) = direct.forward_with_hidden(x).unwrap();
+                assert_close(&format!("{name} logits{sfx} ({imp:?}, {head:?})"), &logits, want);
+                assert_argmax(&format!("{name} logits{sfx} ({imp:?}, {head:?})"), &logits, want);
+                assert_eq!(hidden.len(), 4);
+                for (i, h) in hidden.iter().enumerate() {
+                    let key = format!("encoder_hidden_states{sfx}.{i}");
+                    assert_close(&format!("{name} {key} ({imp:?})"), h, &expected[&key]);
+                }
             }
         }
     }
@@ -166,7 +173,8 @@ fn bad_inputs_and_configs_are_errors() {
 fn half_precision_runs_close() {
     // bf16 is not tested: Candle 0.11.1's CPU matmul has no bf16 kernel ("unsupported dtype BF16 for op matmul").
     let (store, input, expected) = open("segformer_tiny");
-    for dt in [DType::F16] {
+    {
+        let dt = DType::F16;
         let vb = Vb::new(store.clone(), dt, Device::Cpu);
         let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
         let got = m.forward(&input["pixel_values"]).unwrap();

@@ -3,8 +3,10 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use edgerun::edges::sobel_magnitude;
-use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_rgb8, ImageLimits};
-use edgerun::tasks::depth::{DepthEstimator, DepthMap};
+use edgerun::imageio::npy::write_npy_f32;
+use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::models::da3::SKY_THRESHOLD;
+use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
 
 use super::common::{ensure_dir, images_with_stems, Compute};
 
@@ -29,13 +31,26 @@ pub struct Args {
     /// Also write Sobel edges of the depth as `<stem>.edges.npy` (and `.edges.png` with --png).
     #[arg(long)]
     edges: bool,
+    /// Focal length in pixels of the input images (DA3Metric: metric depth = focal·output/300, with
+    /// the focal rescaled to the network input size; required for DA3Metric, ignored otherwise).
+    #[arg(long)]
+    focal: Option<f32>,
     #[command(flatten)]
     compute: Compute,
 }
 
-/// Writes the depth map (and optional visualisation / edges) of one image.
-fn write_outputs(a: &Args, stem: &str, d: &DepthMap) -> anyhow::Result<()> {
+/// Writes the depth map (and optional visualisation / edges) of one image, plus `<stem>.conf.npy`
+/// (DA3 any-view confidence, f32) and `<stem>.sky.png` (DA3Mono/Metric sky mask, 255 = sky).
+fn write_outputs(a: &Args, stem: &str, p: &DepthPrediction) -> anyhow::Result<()> {
+    let d = &p.depth;
     let shape = [d.height, d.width];
+    if let Some(c) = &p.confidence {
+        write_npy_f32(&a.out.join(format!("{stem}.conf.npy")), &[c.height, c.width], &c.values)?;
+    }
+    if let Some(s) = &p.sky {
+        let mask: Vec<u8> = s.values.iter().map(|v| if *v >= SKY_THRESHOLD { 255 } else { 0 }).collect();
+        write_png_gray8(&a.out.join(format!("{stem}.sky.png")), s.width as u32, s.height as u32, &mask, &[])?;
+    }
     write_npy_f16(&a.out.join(format!("{stem}.depth.npy")), &shape, &d.values)?;
     if a.png {
         write_png_rgb8(&a.out.join(format!("{stem}.depth.png")), d.width as u32, d.height as u32, &colorize(&d.values))?;
@@ -56,14 +71,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     let (device, dtype) = a.compute.resolve()?;
     let items = images_with_stems(&a.inputs)?;
-    let est = DepthEstimator::load(&a.model, &device, dtype).with_context(|| format!("cannot load depth model {}", a.model.display()))?;
+    let est = DepthEstimator::load(&a.model, &device, dtype)
+        .and_then(|e| e.with_focal(a.focal))
+        .with_context(|| format!("cannot load depth model {}", a.model.display()))?;
     ensure_dir(&a.out)?;
     let limits = ImageLimits::default();
     for chunk in items.chunks(a.batch) {
         let imgs = chunk.iter().map(|(p, _)| load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&image::RgbImage> = imgs.iter().collect();
         let names = || chunk.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        let maps = est.predict(&refs, a.batch).with_context(|| format!("depth failed on {}", names()))?;
+        let maps = est.predict_all(&refs, a.batch).with_context(|| format!("depth failed on {}", names()))?;
         for ((path, stem), d) in chunk.iter().zip(&maps) {
             write_outputs(&a, stem, d).with_context(|| format!("writing outputs of {}", path.display()))?;
         }

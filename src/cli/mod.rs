@@ -1,4 +1,6 @@
 //! Command-line parsing and dispatch.
+mod annotate;
+mod chm;
 mod common;
 mod depth;
 mod doctor;
@@ -37,6 +39,10 @@ enum Command {
     Doctor(doctor::Args),
     /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids).
     Segment(segment::Args),
+    /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
+    Chm(chm::Args),
+    /// Annotate a dataset (depth → edges → segmentation → canopy height): resumable, shardable.
+    Annotate(annotate::Args),
 }
 
 /// Runs the parsed command.
@@ -53,6 +59,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Edges(a) => edges::run(a),
         Command::Doctor(a) => doctor::run(a),
         Command::Segment(a) => segment::run(a),
+        Command::Annotate(a) => annotate::run(a),
+        Command::Chm(a) => chm::run(a),
     }
 }
 

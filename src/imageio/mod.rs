@@ -1,5 +1,6 @@
 //! Image decoding with size limits, and atomic writers for the output formats (NPY, PNG).
 pub mod colormap;
+pub mod cv_resize;
 pub mod decode;
 pub mod npy;
 pub mod png_out;

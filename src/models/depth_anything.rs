@@ -9,6 +9,7 @@ use crate::nn::dinov2::{Dinov2, Dinov2Config, PosEmbedResize};
 use crate::nn::dpt::{same3x3, tokens_to_grid, FusionStage, ReassembleLayer};
 use crate::nn::interpolate::bilinear;
 use crate::nn::layers::conv2d;
+use crate::profile::Span;
 use crate::weights::Vb;
 
 /// `DepthAnythingConfig` as transformers 5.24 writes it.
@@ -150,13 +151,20 @@ impl DepthAnything {
 
     /// `pixel_values` `[B, 3, H, W]` → `predicted_depth` `[B, H', W']` (H' = ⌊H/p⌋·p).
     pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        let span = Span::new("da2.backbone");
         let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;
+        drop(span);
+        let span = Span::new("da2.reassemble");
         let mut feats = Vec::with_capacity(tokens.len());
         for ((t, re), conv) in tokens.iter().zip(&self.reassemble).zip(&self.convs) {
             let grid = tokens_to_grid(t, 1, ph, pw)?;
             feats.push(conv.forward(&re.forward(&grid)?)?);
         }
+        drop(span);
+        let span = Span::new("da2.fusion");
         let fused = self.fusion.forward(&feats)?;
+        drop(span);
+        let _span = Span::new("da2.head");
         let x = &fused[self.head_in];
         let x = self.head.conv1.forward(x)?;
         let x = bilinear(&x, ph * self.patch, pw * self.patch, true)?;

@@ -1,4 +1,6 @@
 //! Model families and the registry that picks one from a checkpoint's architecture name.
+pub mod chmv2;
+pub mod da3;
 pub mod depth_anything;
 pub mod segformer;
 
@@ -23,7 +25,7 @@ pub trait Model: Send + Sync {
 }
 
 /// The architectures `load` knows, as `model_type` strings.
-pub const ARCHITECTURES: &[&str] = &["depth_anything", "lgatr", "lgatr_slim", "segformer", ];
+pub const ARCHITECTURES: &[&str] = &["chmv2", "da3", "da3_metric", "da3_mono", "depth_anything", "lgatr", "lgatr_slim", "segformer", ];
 
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
@@ -36,6 +38,8 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let _ = (&vb, &config);
     match arch.as_str() {
         "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config),
+        "chmv2" => Ok(Box::new(chmv2::Chmv2::load(&vb, &config)?)),
+        "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Ok(Box::new(da3::Da3::load(&vb, &config)?)),
         "depth_anything" => Ok(Box::new(depth_anything::DepthAnything::load(&vb, &config)?)),
         "segformer" => Ok(Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?)),
         other => Err(Error::Config(format!(

@@ -10,8 +10,12 @@
 //! channel `o` reads input channel `o / m`, as PyTorch's `groups = C`), optional bias `[C·m]`,
 //! output `[B, C·m, OH, OW]` with `OH = (H + 2p − d(kh − 1) − 1) / s + 1` (likewise `OW`).
 //! f32 and f64 are computed natively; f16 and bf16 are computed in f32 and rounded once.
+//!
+//! [`depthwise_conv2d_nhwc`] is the channels-last variant (`[B, H, W, C]` in and out, i.e. the token
+//! layout `[B, H·W, C]` of a vision transformer, so no transposes are needed around it) with the bias
+//! and an optional exact GELU fused into the output pass; its backward recomputes the pre-activation.
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Module, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Module, Shape, Tensor};
 use rayon::prelude::*;
 
 use crate::error::Result;
@@ -205,9 +209,34 @@ impl Geom {
 }
 
 /// Element types the kernels run on natively.
-trait Elem: Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::AddAssign {}
-impl Elem for f32 {}
-impl Elem for f64 {}
+trait Elem: Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self> + std::ops::AddAssign {
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    /// Exact (erf) GELU, the same formula and `erf` as Candle's `gelu_erf`.
+    fn gelu_erf(self) -> Self;
+}
+impl Elem for f32 {
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn gelu_erf(self) -> Self {
+        (candle_core::cpu::erf::erf_f32(self * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * self
+    }
+}
+impl Elem for f64 {
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn gelu_erf(self) -> Self {
+        (candle_core::cpu::erf::erf_f64(self * std::f64::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * self
+    }
+}
 
 fn fwd_kernel<T: Elem>(g: &Geom, x: &[T], wt: &[T]) -> Vec<T> {
     let (ip, op, kk) = (g.h * g.w, g.oh * g.ow, g.kh * g.kw);
@@ -329,7 +358,7 @@ fn bwd_weight_kernel<T: Elem>(g: &Geom, x: &[T], gy: &[T]) -> Vec<T> {
     gw
 }
 
-/// Which of the three kernels an op runs; all take two same-dtype contiguous CPU tensors.
+/// Which of the three NCHW kernels an op runs; all take two same-dtype contiguous CPU tensors.
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     /// (x, w) → y
@@ -348,67 +377,93 @@ fn contiguous<'a, T: candle_core::WithDType>(s: &'a CpuStorage, l: &Layout, what
     }
 }
 
-fn run_kind<T: Elem + candle_core::WithDType>(
-    kind: Kind,
-    g: &Geom,
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-) -> candle_core::Result<Vec<T>> {
-    let a = contiguous::<T>(s1, l1, "first operand")?;
-    let b = contiguous::<T>(s2, l2, "second operand")?;
-    Ok(match kind {
-        Kind::Fwd => fwd_kernel(g, a, b),
-        Kind::BwdInput => bwd_input_kernel(g, a, b),
-        Kind::BwdWeight => bwd_weight_kernel(g, a, b),
-    })
+/// A CPU kernel over same-dtype contiguous operands.
+trait Kernel {
+    fn label(&self) -> &'static str;
+    /// Expected element counts of the operands.
+    fn operand_sizes(&self) -> Vec<usize>;
+    fn out_shape(&self) -> Shape;
+    fn run<T: Elem>(&self, ins: &[&[T]]) -> Vec<T>;
 }
 
-fn run_half<T: candle_core::WithDType>(
-    kind: Kind,
-    g: &Geom,
-    s1: &CpuStorage,
-    l1: &Layout,
-    s2: &CpuStorage,
-    l2: &Layout,
-) -> candle_core::Result<Vec<T>> {
-    let a: Vec<f32> = contiguous::<T>(s1, l1, "first operand")?.iter().map(|v| v.to_f64() as f32).collect();
-    let b: Vec<f32> = contiguous::<T>(s2, l2, "second operand")?.iter().map(|v| v.to_f64() as f32).collect();
-    let r = match kind {
-        Kind::Fwd => fwd_kernel(g, &a, &b),
-        Kind::BwdInput => bwd_input_kernel(g, &a, &b),
-        Kind::BwdWeight => bwd_weight_kernel(g, &a, &b),
+fn typed<'a, T: candle_core::WithDType>(ins: &[(&'a CpuStorage, &Layout)]) -> candle_core::Result<Vec<&'a [T]>> {
+    ins.iter().enumerate().map(|(i, (s, l))| contiguous::<T>(s, l, &format!("operand {i}"))).collect()
+}
+
+fn run_native<T: Elem + candle_core::WithDType, K: Kernel>(k: &K, ins: &[(&CpuStorage, &Layout)]) -> candle_core::Result<Vec<T>> {
+    Ok(k.run(&typed::<T>(ins)?))
+}
+
+fn run_via_f32<T: candle_core::WithDType, K: Kernel>(k: &K, ins: &[(&CpuStorage, &Layout)]) -> candle_core::Result<Vec<T>> {
+    let conv: Vec<Vec<f32>> = typed::<T>(ins)?.iter().map(|v| v.iter().map(|x| x.to_f64() as f32).collect()).collect();
+    let refs: Vec<&[f32]> = conv.iter().map(|v| v.as_slice()).collect();
+    Ok(k.run(&refs).into_iter().map(|v| T::from_f64(v as f64)).collect())
+}
+
+fn cpu_dispatch<K: Kernel>(k: &K, ins: &[(&CpuStorage, &Layout)]) -> candle_core::Result<(CpuStorage, Shape)> {
+    let want = k.operand_sizes();
+    let got: Vec<usize> = ins.iter().map(|(_, l)| l.shape().elem_count()).collect();
+    if want != got {
+        candle_core::bail!("{}: operand sizes {got:?} do not match the geometry ({want:?})", k.label());
+    }
+    let dt = ins[0].0.dtype();
+    if ins.iter().any(|(s, _)| s.dtype() != dt) {
+        candle_core::bail!("{}: operands have different dtypes", k.label());
+    }
+    let st = match ins[0].0 {
+        CpuStorage::F32(_) => CpuStorage::F32(run_native::<f32, K>(k, ins)?),
+        CpuStorage::F64(_) => CpuStorage::F64(run_native::<f64, K>(k, ins)?),
+        CpuStorage::F16(_) => CpuStorage::F16(run_via_f32::<half::f16, K>(k, ins)?),
+        CpuStorage::BF16(_) => CpuStorage::BF16(run_via_f32::<half::bf16, K>(k, ins)?),
+        _ => candle_core::bail!("{}: unsupported dtype {dt:?} (f32, f64, f16, bf16)", k.label()),
     };
-    Ok(r.into_iter().map(|v| T::from_f64(v as f64)).collect())
+    Ok((st, k.out_shape()))
+}
+
+struct NchwKernel {
+    g: Geom,
+    kind: Kind,
+}
+
+impl Kernel for NchwKernel {
+    fn label(&self) -> &'static str {
+        match self.kind {
+            Kind::Fwd => "depthwise-conv2d",
+            Kind::BwdInput => "depthwise-conv2d-bwd-input",
+            Kind::BwdWeight => "depthwise-conv2d-bwd-weight",
+        }
+    }
+
+    fn operand_sizes(&self) -> Vec<usize> {
+        let g = &self.g;
+        let (x, y, w) = (g.b * g.c_in * g.h * g.w, g.b * g.c_out() * g.oh * g.ow, g.c_out() * g.kh * g.kw);
+        match self.kind {
+            Kind::Fwd => vec![x, w],
+            Kind::BwdInput => vec![y, w],
+            Kind::BwdWeight => vec![x, y],
+        }
+    }
+
+    fn out_shape(&self) -> Shape {
+        let g = &self.g;
+        match self.kind {
+            Kind::Fwd => (g.b, g.c_out(), g.oh, g.ow).into(),
+            Kind::BwdInput => (g.b, g.c_in, g.h, g.w).into(),
+            Kind::BwdWeight => (g.c_out(), 1, g.kh, g.kw).into(),
+        }
+    }
+
+    fn run<T: Elem>(&self, ins: &[&[T]]) -> Vec<T> {
+        match self.kind {
+            Kind::Fwd => fwd_kernel(&self.g, ins[0], ins[1]),
+            Kind::BwdInput => bwd_input_kernel(&self.g, ins[0], ins[1]),
+            Kind::BwdWeight => bwd_weight_kernel(&self.g, ins[0], ins[1]),
+        }
+    }
 }
 
 fn cpu_run(kind: Kind, g: &Geom, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-    let (e1, e2) = match kind {
-        Kind::Fwd => (g.b * g.c_in * g.h * g.w, g.c_out() * g.kh * g.kw),
-        Kind::BwdInput => (g.b * g.c_out() * g.oh * g.ow, g.c_out() * g.kh * g.kw),
-        Kind::BwdWeight => (g.b * g.c_in * g.h * g.w, g.b * g.c_out() * g.oh * g.ow),
-    };
-    if l1.shape().elem_count() != e1 || l2.shape().elem_count() != e2 {
-        candle_core::bail!("depthwise conv ({kind:?}): operand sizes {:?}, {:?} do not match {g:?}", l1.dims(), l2.dims());
-    }
-    let shape: Shape = match kind {
-        Kind::Fwd => (g.b, g.c_out(), g.oh, g.ow).into(),
-        Kind::BwdInput => (g.b, g.c_in, g.h, g.w).into(),
-        Kind::BwdWeight => (g.c_out(), 1, g.kh, g.kw).into(),
-    };
-    let st = match (s1, s2) {
-        (CpuStorage::F32(_), CpuStorage::F32(_)) => CpuStorage::F32(run_kind::<f32>(kind, g, s1, l1, s2, l2)?),
-        (CpuStorage::F64(_), CpuStorage::F64(_)) => CpuStorage::F64(run_kind::<f64>(kind, g, s1, l1, s2, l2)?),
-        (CpuStorage::F16(_), CpuStorage::F16(_)) => CpuStorage::F16(run_half::<half::f16>(kind, g, s1, l1, s2, l2)?),
-        (CpuStorage::BF16(_), CpuStorage::BF16(_)) => CpuStorage::BF16(run_half::<half::bf16>(kind, g, s1, l1, s2, l2)?),
-        _ => candle_core::bail!(
-            "depthwise conv: unsupported or mismatched dtypes {:?} / {:?} (f32, f64, f16, bf16)",
-            s1.dtype(),
-            s2.dtype()
-        ),
-    };
-    Ok((st, shape))
+    cpu_dispatch(&NchwKernel { g: *g, kind }, &[(s1, l1), (s2, l2)])
 }
 
 /// The differentiable forward op `(x, w) → y`.
@@ -456,4 +511,334 @@ impl CustomOp2 for DwBwd {
 /// Whether the direct kernel handles `dtype` (the others go through Candle's grouped conv).
 pub fn kernel_supports(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+}
+
+/// Activation fused into [`depthwise_conv2d_nhwc`]'s output pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DwActivation {
+    /// Conv + bias only.
+    #[default]
+    None,
+    /// Exact GELU `x·Φ(x)` (erf), the same as Candle's `gelu_erf` and PyTorch's `nn.GELU()`.
+    GeluErf,
+}
+
+/// Channels-last depthwise conv: `x [B, H, W, C]` → `act(conv(x) + bias) [B, OH, OW, C·m]`, weight
+/// `[C·m, 1, kh, kw]` (PyTorch layout). The direct kernel on the CPU, Candle's grouped conv (with
+/// permutes) elsewhere. Differentiable with respect to `x`, `w` and `bias`.
+pub fn depthwise_conv2d_nhwc(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    act: DwActivation,
+    cfg: DepthwiseConfig,
+) -> candle_core::Result<Tensor> {
+    let &[b, h, wd, c] = x.dims() else {
+        candle_core::bail!("depthwise conv (NHWC): input must be [B, H, W, C], got {:?}", x.dims());
+    };
+    let g = Geom::new(&[b, c, h, wd], w.dims(), cfg)?;
+    if let Some(bias) = bias {
+        if bias.dims() != [g.c_out()] {
+            candle_core::bail!("depthwise conv: bias has shape {:?}, expected [{}]", bias.dims(), g.c_out());
+        }
+    }
+    let same_dtype = x.dtype() == w.dtype() && bias.is_none_or(|b| b.dtype() == x.dtype());
+    if x.device().is_cpu() && kernel_supports(x.dtype()) && same_dtype {
+        let bias = match bias {
+            Some(b) => b.contiguous()?,
+            None => Tensor::zeros(g.c_out(), x.dtype(), x.device())?,
+        };
+        x.contiguous()?.apply_op3(&w.contiguous()?, &bias, DwNhwc { g, act })
+    } else {
+        let y = depthwise_conv2d_grouped(&x.permute((0, 3, 1, 2))?, w, bias, cfg)?;
+        let y = match act {
+            DwActivation::None => y,
+            DwActivation::GeluErf => y.gelu_erf()?,
+        };
+        y.permute((0, 2, 3, 1))?.contiguous()
+    }
+}
+
+/// `wt[tap · Co + oc] = w[oc · kk + tap]`: taps-major weights, so the channel loop is contiguous.
+fn taps_major<T: Elem>(g: &Geom, w: &[T]) -> Vec<T> {
+    let (kk, co) = (g.kh * g.kw, g.c_out());
+    let mut t = vec![T::default(); kk * co];
+    for oc in 0..co {
+        for tap in 0..kk {
+            t[tap * co + oc] = w[oc * kk + tap];
+        }
+    }
+    t
+}
+
+/// `out[b, oy, ox, oc] = act(bias[oc] + Σ_taps w[oc, tap] · x[b, iy, ix, oc / m])`.
+fn nhwc_fwd<T: Elem>(g: &Geom, x: &[T], w: &[T], bias: &[T], act: DwActivation) -> Vec<T> {
+    let (ci, co, m) = (g.c_in, g.c_out(), g.mult);
+    let wt = taps_major(g, w);
+    let cols = g.col_ranges();
+    let row_len = g.ow * co;
+    let mut out = vec![T::default(); g.b * g.oh * row_len];
+    if row_len == 0 {
+        return out;
+    }
+    out.par_chunks_mut(row_len).enumerate().for_each(|(r, orow)| {
+        let (bi, oy) = (r / g.oh, r % g.oh);
+        for px in orow.chunks_exact_mut(co) {
+            px.copy_from_slice(bias);
+        }
+        for ki in 0..g.kh {
+            let Some(iy) = g.in_row(oy, ki) else { continue };
+            let irow = &x[(bi * g.h + iy) * g.w * ci..][..g.w * ci];
+            for (kj, &(off, lo, hi)) in cols.iter().enumerate() {
+                let wv = &wt[(ki * g.kw + kj) * co..][..co];
+                for ox in lo..hi {
+                    let ix = (ox as isize * g.s as isize + off) as usize;
+                    let ipx = &irow[ix * ci..][..ci];
+                    let opx = &mut orow[ox * co..][..co];
+                    if m == 1 {
+                        for ((o, &wc), &xv) in opx.iter_mut().zip(wv).zip(ipx) {
+                            *o += wc * xv;
+                        }
+                    } else {
+                        for (oc, (o, &wc)) in opx.iter_mut().zip(wv).enumerate() {
+                            *o += wc * ipx[oc / m];
+                        }
+                    }
+                }
+            }
+        }
+        if act == DwActivation::GeluErf {
+            for v in orow.iter_mut() {
+                *v = v.gelu_erf();
+            }
+        }
+    });
+    out
+}
+
+/// `gx[b, iy, ix, c] = Σ_{mi, taps hitting (iy, ix)} w[c·m + mi, tap] · gz[b, oy, ox, c·m + mi]` (gather form).
+fn nhwc_bwd_input<T: Elem>(g: &Geom, gz: &[T], w: &[T]) -> Vec<T> {
+    let (ci, co, m) = (g.c_in, g.c_out(), g.mult);
+    let wt = taps_major(g, w);
+    let row_len = g.w * ci;
+    let mut gx = vec![T::default(); g.b * g.h * row_len];
+    if row_len == 0 {
+        return gx;
+    }
+    // Output index hit by input index `i` under kernel offset `k·d`, if any.
+    let src = |i: usize, k: usize, n_out: usize| -> Option<usize> {
+        let t = (i + g.p) as isize - (k * g.d) as isize;
+        (t >= 0 && t as usize % g.s == 0 && (t as usize / g.s) < n_out).then(|| t as usize / g.s)
+    };
+    gx.par_chunks_mut(row_len).enumerate().for_each(|(r, xrow)| {
+        let (bi, iy) = (r / g.h, r % g.h);
+        for ki in 0..g.kh {
+            let Some(oy) = src(iy, ki, g.oh) else { continue };
+            let grow = &gz[(bi * g.oh + oy) * g.ow * co..][..g.ow * co];
+            for kj in 0..g.kw {
+                let wv = &wt[(ki * g.kw + kj) * co..][..co];
+                for ix in 0..g.w {
+                    let Some(ox) = src(ix, kj, g.ow) else { continue };
+                    let gpx = &grow[ox * co..][..co];
+                    let xpx = &mut xrow[ix * ci..][..ci];
+                    if m == 1 {
+                        for ((xv, &wc), &gv) in xpx.iter_mut().zip(wv).zip(gpx) {
+                            *xv += wc * gv;
+                        }
+                    } else {
+                        for (oc, (&wc, &gv)) in wv.iter().zip(gpx).enumerate() {
+                            xpx[oc / m] += wc * gv;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    gx
+}
+
+/// `[gw taps-major (kk·Co) ‖ gbias (Co)]` from `x` and `gz`; per-row partial sums, accumulated in f64.
+fn nhwc_bwd_weight<T: Elem>(g: &Geom, x: &[T], gz: &[T]) -> Vec<T> {
+    let (ci, co, m) = (g.c_in, g.c_out(), g.mult);
+    let kk = g.kh * g.kw;
+    let cols = g.col_ranges();
+    let acc = (0..g.b * g.oh)
+        .into_par_iter()
+        .fold(
+            || vec![0f64; (kk + 1) * co],
+            |mut acc, r| {
+                let (bi, oy) = (r / g.oh, r % g.oh);
+                let grow = &gz[(bi * g.oh + oy) * g.ow * co..][..g.ow * co];
+                let mut part = vec![T::default(); (kk + 1) * co];
+                for gpx in grow.chunks_exact(co) {
+                    for (p, &gv) in part[kk * co..].iter_mut().zip(gpx) {
+                        *p += gv;
+                    }
+                }
+                for ki in 0..g.kh {
+                    let Some(iy) = g.in_row(oy, ki) else { continue };
+                    let irow = &x[(bi * g.h + iy) * g.w * ci..][..g.w * ci];
+                    for (kj, &(off, lo, hi)) in cols.iter().enumerate() {
+                        let pw = &mut part[(ki * g.kw + kj) * co..][..co];
+                        for ox in lo..hi {
+                            let ix = (ox as isize * g.s as isize + off) as usize;
+                            let ipx = &irow[ix * ci..][..ci];
+                            let gpx = &grow[ox * co..][..co];
+                            if m == 1 {
+                                for ((p, &gv), &xv) in pw.iter_mut().zip(gpx).zip(ipx) {
+                                    *p += gv * xv;
+                                }
+                            } else {
+                                for (oc, (p, &gv)) in pw.iter_mut().zip(gpx).enumerate() {
+                                    *p += gv * ipx[oc / m];
+                                }
+                            }
+                        }
+                    }
+                }
+                for (a, p) in acc.iter_mut().zip(part) {
+                    *a += p.to_f64();
+                }
+                acc
+            },
+        )
+        .reduce(
+            || vec![0f64; (kk + 1) * co],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x += y;
+                }
+                a
+            },
+        );
+    acc.into_iter().map(T::from_f64).collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum NhwcKind {
+    /// (x, w, bias) → act(conv + bias)
+    Fwd(DwActivation),
+    /// (gz, w) → gx
+    BwdInput,
+    /// (x, gz) → [gw taps-major ‖ gbias]
+    BwdWeight,
+}
+
+struct NhwcKernel {
+    g: Geom,
+    kind: NhwcKind,
+}
+
+impl Kernel for NhwcKernel {
+    fn label(&self) -> &'static str {
+        match self.kind {
+            NhwcKind::Fwd(_) => "depthwise-conv2d-nhwc",
+            NhwcKind::BwdInput => "depthwise-conv2d-nhwc-bwd-input",
+            NhwcKind::BwdWeight => "depthwise-conv2d-nhwc-bwd-weight",
+        }
+    }
+
+    fn operand_sizes(&self) -> Vec<usize> {
+        let g = &self.g;
+        let (x, y, w) = (g.b * g.c_in * g.h * g.w, g.b * g.c_out() * g.oh * g.ow, g.c_out() * g.kh * g.kw);
+        match self.kind {
+            NhwcKind::Fwd(_) => vec![x, w, g.c_out()],
+            NhwcKind::BwdInput => vec![y, w],
+            NhwcKind::BwdWeight => vec![x, y],
+        }
+    }
+
+    fn out_shape(&self) -> Shape {
+        let g = &self.g;
+        match self.kind {
+            NhwcKind::Fwd(_) => (g.b, g.oh, g.ow, g.c_out()).into(),
+            NhwcKind::BwdInput => (g.b, g.h, g.w, g.c_in).into(),
+            NhwcKind::BwdWeight => ((g.kh * g.kw + 1) * g.c_out(),).into(),
+        }
+    }
+
+    fn run<T: Elem>(&self, ins: &[&[T]]) -> Vec<T> {
+        match self.kind {
+            NhwcKind::Fwd(act) => nhwc_fwd(&self.g, ins[0], ins[1], ins[2], act),
+            NhwcKind::BwdInput => nhwc_bwd_input(&self.g, ins[0], ins[1]),
+            NhwcKind::BwdWeight => nhwc_bwd_weight(&self.g, ins[0], ins[1]),
+        }
+    }
+}
+
+/// The differentiable channels-last op `(x, w, bias) → act(conv(x, w) + bias)`.
+struct DwNhwc {
+    g: Geom,
+    act: DwActivation,
+}
+
+/// A channels-last backward op (no gradient of its own).
+struct DwNhwcBwd {
+    g: Geom,
+    kind: NhwcKind,
+}
+
+/// `d gelu_erf(z) / dz = Φ(z) + z·φ(z)`.
+fn gelu_erf_grad(z: &Tensor) -> candle_core::Result<Tensor> {
+    let cdf = ((z * std::f64::consts::FRAC_1_SQRT_2)?.erf()? + 1.0)? * 0.5;
+    let pdf = ((z.sqr()? * -0.5)?.exp()? * (0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2))?;
+    cdf? + (z * pdf)?
+}
+
+impl CustomOp3 for DwNhwc {
+    fn name(&self) -> &'static str {
+        "depthwise-conv2d-nhwc"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        cpu_dispatch(&NhwcKernel { g: self.g, kind: NhwcKind::Fwd(self.act) }, &[(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        _res: &Tensor,
+        gy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = self.g;
+        let (x, w) = (x.contiguous()?, w.contiguous()?);
+        let gz = match self.act {
+            DwActivation::None => gy.contiguous()?,
+            DwActivation::GeluErf => {
+                // Recompute the pre-activation rather than keeping it alive through the forward pass.
+                let z = x.apply_op3_no_bwd(&w, &bias.contiguous()?, &DwNhwc { g, act: DwActivation::None })?;
+                (gy * gelu_erf_grad(&z)?)?.contiguous()?
+            }
+        };
+        let gx = gz.apply_op2_no_bwd(&w, &DwNhwcBwd { g, kind: NhwcKind::BwdInput })?;
+        let gwb = x.apply_op2_no_bwd(&gz, &DwNhwcBwd { g, kind: NhwcKind::BwdWeight })?;
+        let (kk, co) = (g.kh * g.kw, g.c_out());
+        let gw = gwb.narrow(0, 0, kk * co)?.reshape((kk, co))?.t()?.contiguous()?.reshape((co, 1, g.kh, g.kw))?;
+        let gb = gwb.narrow(0, kk * co, co)?;
+        Ok((Some(gx), Some(gw), Some(gb)))
+    }
+}
+
+impl CustomOp2 for DwNhwcBwd {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            NhwcKind::Fwd(_) => "depthwise-conv2d-nhwc",
+            NhwcKind::BwdInput => "depthwise-conv2d-nhwc-bwd-input",
+            NhwcKind::BwdWeight => "depthwise-conv2d-nhwc-bwd-weight",
+        }
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        cpu_dispatch(&NhwcKernel { g: self.g, kind: self.kind }, &[(s1, l1), (s2, l2)])
+    }
 }

@@ -31,18 +31,24 @@ pub struct ReassembleLayer {
 impl ReassembleLayer {
     /// Loads `projection` and `resize` under `vb`.
     pub fn load(vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
-        let projection = conv2d(&vb.pp("projection"), in_c, channels, 1, Default::default(), true)?;
+        Self::load_parts(&vb.pp("projection"), &vb.pp("resize"), in_c, channels, factor)
+    }
+
+    /// Loads the 1×1 projection from `projection_vb` and the resample conv from `resize_vb` (the original
+    /// DPT layout keeps them in separate lists: `projects.{i}`, `resize_layers.{i}`).
+    pub fn load_parts(projection_vb: &Vb, resize_vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
+        let projection = conv2d(projection_vb, in_c, channels, 1, Default::default(), true)?;
         let resize = if factor > 1.0 {
             let f = factor.round() as usize;
             if (f as f64 - factor).abs() > 1e-9 {
                 return Err(Error::Config(format!("reassemble factor {factor} is not an integer")));
             }
-            Resample::Up(conv_transpose2d(&vb.pp("resize"), channels, channels, f, ConvTranspose2dConfig { stride: f, ..Default::default() })?)
+            Resample::Up(conv_transpose2d(resize_vb, channels, channels, f, ConvTranspose2dConfig { stride: f, ..Default::default() })?)
         } else if factor == 1.0 {
             Resample::Identity
         } else if factor > 0.0 {
             let s = (1.0 / factor) as usize;
-            Resample::Down(conv2d(&vb.pp("resize"), channels, channels, 3, Conv2dConfig { stride: s, padding: 1, ..Default::default() }, true)?)
+            Resample::Down(conv2d(resize_vb, channels, channels, 3, Conv2dConfig { stride: s, padding: 1, ..Default::default() }, true)?)
         } else {
             return Err(Error::Config(format!("bad reassemble factor {factor}")));
         };
@@ -51,11 +57,20 @@ impl ReassembleLayer {
 
     /// Maps an NCHW grid to its level's resolution and width.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let x = self.projection.forward(x)?;
+        self.resample(&self.project(x)?)
+    }
+
+    /// The 1×1 projection alone.
+    pub fn project(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(self.projection.forward(x)?)
+    }
+
+    /// The resample step alone (after [`ReassembleLayer::project`]).
+    pub fn resample(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.resize {
-            Resample::Up(c) => c.forward(&x)?,
-            Resample::Identity => x,
-            Resample::Down(c) => c.forward(&x)?,
+            Resample::Up(c) => c.forward(x)?,
+            Resample::Identity => x.clone(),
+            Resample::Down(c) => c.forward(x)?,
         })
     }
 }
@@ -69,6 +84,30 @@ pub fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> R
     Ok(tokens.narrow(1, prefix, ph * pw)?.reshape((b, ph, pw, c))?.permute((0, 3, 1, 2))?.contiguous()?)
 }
 
+/// Tensor names inside a fusion layer: transformers (`HF`) or original DPT (`ORIGINAL`: `out_conv`,
+/// `resConfUnit{1,2}.conv{1,2}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FusionNames {
+    /// The 1×1 output conv.
+    pub projection: &'static str,
+    /// The residual unit on the skip input.
+    pub residual1: &'static str,
+    /// The residual unit after the merge.
+    pub residual2: &'static str,
+    /// The residual unit's first conv.
+    pub conv1: &'static str,
+    /// The residual unit's second conv.
+    pub conv2: &'static str,
+}
+
+impl FusionNames {
+    /// transformers DPT / Depth Anything.
+    pub const HF: FusionNames =
+        FusionNames { projection: "projection", residual1: "residual_layer1", residual2: "residual_layer2", conv1: "convolution1", conv2: "convolution2" };
+    /// Original DPT / Depth Anything (`scratch.refinenetK`).
+    pub const ORIGINAL: FusionNames = FusionNames { projection: "out_conv", residual1: "resConfUnit1", residual2: "resConfUnit2", conv1: "conv1", conv2: "conv2" };
+}
+
 /// The pre-activation residual unit `x + conv2(relu(conv1(relu(x))))`.
 pub struct PreActResidual {
     conv1: Conv2d,
@@ -78,9 +117,14 @@ pub struct PreActResidual {
 impl PreActResidual {
     /// Loads `convolution1` and `convolution2` under `vb`.
     pub fn load(vb: &Vb, c: usize) -> Result<Self> {
+        Self::load_named(vb, c, &FusionNames::HF)
+    }
+
+    /// Loads `names.conv1` and `names.conv2` under `vb`.
+    pub fn load_named(vb: &Vb, c: usize, names: &FusionNames) -> Result<Self> {
         Ok(PreActResidual {
-            conv1: conv2d(&vb.pp("convolution1"), c, c, 3, same3x3(), true)?,
-            conv2: conv2d(&vb.pp("convolution2"), c, c, 3, same3x3(), true)?,
+            conv1: conv2d(&vb.pp(names.conv1), c, c, 3, same3x3(), true)?,
+            conv2: conv2d(&vb.pp(names.conv2), c, c, 3, same3x3(), true)?,
         })
     }
 
@@ -101,10 +145,15 @@ pub struct FusionLayer {
 impl FusionLayer {
     /// Loads `projection`, `residual_layer1` (when `with_skip`) and `residual_layer2` under `vb`.
     pub fn load(vb: &Vb, c: usize, with_skip: bool) -> Result<Self> {
+        Self::load_named(vb, c, with_skip, &FusionNames::HF)
+    }
+
+    /// Loads with the given tensor names.
+    pub fn load_named(vb: &Vb, c: usize, with_skip: bool, names: &FusionNames) -> Result<Self> {
         Ok(FusionLayer {
-            projection: conv2d(&vb.pp("projection"), c, c, 1, Default::default(), true)?,
-            residual1: if with_skip { Some(PreActResidual::load(&vb.pp("residual_layer1"), c)?) } else { None },
-            residual2: PreActResidual::load(&vb.pp("residual_layer2"), c)?,
+            projection: conv2d(&vb.pp(names.projection), c, c, 1, Default::default(), true)?,
+            residual1: if with_skip { Some(PreActResidual::load_named(&vb.pp(names.residual1), c, names)?) } else { None },
+            residual2: PreActResidual::load_named(&vb.pp(names.residual2), c, names)?,
         })
     }
 
@@ -124,16 +173,44 @@ impl FusionLayer {
     }
 }
 
-/// The fusion stage: coarsest level first, each fused result resized to the next level's size.
+/// How each fusion layer resizes its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusionResize {
+    /// To the next (finer) level's size; the last layer doubles (DPT, Depth Anything).
+    NextLevel,
+    /// Always ×2 by scale factor, whatever the next level's size (CHMv2); the skip input is then
+    /// resized (bilinear, align_corners=False) to the running map when the sizes differ.
+    Double,
+}
+
+/// The fusion stage: coarsest level first, each fused result resized to the next level's size
+/// (or doubled, see [`FusionResize`]).
 pub struct FusionStage {
     layers: Vec<FusionLayer>,
+    resize: FusionResize,
 }
 
 impl FusionStage {
     /// Loads `layers.{i}` under `vb`; layer 0 takes no skip input.
     pub fn load(vb: &Vb, c: usize, levels: usize) -> Result<Self> {
         let layers = (0..levels).map(|i| FusionLayer::load(&vb.pp("layers").pp(i), c, i > 0)).collect::<Result<_>>()?;
-        Ok(FusionStage { layers })
+        Ok(FusionStage { layers, resize: FusionResize::NextLevel })
+    }
+
+    /// Loads `{i}` directly under `vb` (e.g. `head.fusion_layers.{i}`); layer 0 has no residual unit
+    /// for a skip input.
+    pub fn load_flat(vb: &Vb, c: usize, levels: usize, resize: FusionResize) -> Result<Self> {
+        let layers = (0..levels).map(|i| FusionLayer::load(&vb.pp(i), c, i > 0)).collect::<Result<_>>()?;
+        Ok(FusionStage { layers, resize })
+    }
+
+    /// Loads the original layout under `vb` (`scratch`): layer i (coarsest first) is
+    /// `refinenet{levels − i}{suffix}` (e.g. suffix `_aux` for Depth Anything 3's second branch).
+    pub fn load_original(vb: &Vb, c: usize, levels: usize, suffix: &str) -> Result<Self> {
+        let layers = (0..levels)
+            .map(|i| FusionLayer::load_named(&vb.pp(format!("refinenet{}{suffix}", levels - i)), c, i > 0, &FusionNames::ORIGINAL))
+            .collect::<Result<_>>()?;
+        Ok(FusionStage { layers, resize: FusionResize::NextLevel })
     }
 
     /// Fuses features given finest first; returns the fused maps, coarsest first.
@@ -141,7 +218,7 @@ impl FusionStage {
         let rev: Vec<&Tensor> = features.iter().rev().collect();
         let mut out: Vec<Tensor> = Vec::with_capacity(rev.len());
         for (i, (feat, layer)) in rev.iter().zip(&self.layers).enumerate() {
-            let size = match rev.get(i + 1) {
+            let size = match rev.get(i + 1).filter(|_| self.resize == FusionResize::NextLevel) {
                 Some(next) => {
                     let (_, _, h, w) = next.dims4()?;
                     Some((h, w))

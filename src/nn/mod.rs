@@ -2,10 +2,13 @@
 pub mod activation;
 pub mod attention;
 pub mod dinov2;
+pub mod dinov3;
 pub mod dpt;
 pub mod depthwise;
 pub mod interpolate;
 pub mod layers;
 pub mod linear;
+pub mod rope;
+pub mod rope2d;
 
 pub use linear::Linear;

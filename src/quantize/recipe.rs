@@ -77,13 +77,21 @@ fn any_match(patterns: &[String], name: &str) -> bool {
 }
 
 /// The recipes in `quantize/`, built into the binary: (architecture, TOML text).
-const BUILTIN: &[(&str, &str)] = &[("depth_anything", include_str!("../../quantize/depth_anything.toml"))];
+const BUILTIN: &[(&str, &str)] = &[
+    ("depth_anything", include_str!("../../quantize/depth_anything.toml")),
+    ("chmv2", include_str!("../../quantize/chmv2.toml")),
+    ("da3", include_str!("../../quantize/da3.toml")),
+    ("da3_mono", include_str!("../../quantize/da3.toml")),
+    ("da3_metric", include_str!("../../quantize/da3.toml")),
+];
 
 impl Recipe {
     /// The built-in recipe for `arch`, if one ships with edgerun.
     pub fn builtin(arch: &str) -> Result<Option<Self>> {
         let Some((_, text)) = BUILTIN.iter().find(|(a, _)| *a == arch) else { return Ok(None) };
-        let r: Recipe = toml::from_str(text).map_err(|e| Error::Config(format!("built-in recipe for {arch}: {e}")))?;
+        let mut r: Recipe = toml::from_str(text).map_err(|e| Error::Config(format!("built-in recipe for {arch}: {e}")))?;
+        // one file may serve a family of architectures (DA3): it applies to the one it is registered for
+        r.arch = arch.to_string();
         r.validate().map_err(Error::Config)?;
         Ok(Some(r))
     }

@@ -4,10 +4,8 @@
 use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout, Shape, Tensor};
 
 use super::algebra::{geometric_product_table, GP_INDEX, GP_SIGN};
+use super::kernels::{par_rows, Field};
 use crate::error::{Error, Result};
-
-/// Minimum number of multivector products per thread before the kernel splits work.
-const PAR_GRAIN: usize = 8192;
 
 /// `(R, 2·C·16 + P)` rows `[left (C, 16) | right (C, 16) | pass (P)]` →
 /// `(R, C·16 + P)` rows `[left_c · right_c (C, 16) | pass (P)]`.
@@ -18,52 +16,58 @@ struct GpKernel {
     bivector: bool,
 }
 
-trait Field: Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self> {}
-impl Field for f32 {}
-impl Field for f64 {}
-
-#[inline(always)]
-fn gp16<T: Field>(x: &[T], y: &[T], out: &mut [T], bivector: bool) {
-    for i in 0..16 {
-        let mut acc = T::default();
-        for j in 0..16 {
-            let p = x[j] * y[GP_INDEX[i][j]];
-            acc = if GP_SIGN[i][j] > 0.0 { acc + p } else { acc - p };
-        }
-        out[i] = if !bivector && (5..11).contains(&i) { T::default() } else { acc };
-    }
-}
+/// Channels processed together (structure-of-arrays tile, one SIMD lane each).
+const LANES: usize = 8;
 
 impl GpKernel {
     fn run<T: Field>(&self, src: &[T], rows: usize) -> Vec<T> {
         let (c, p) = (self.channels, self.pass);
         let w_in = 2 * c * 16 + p;
         let w_out = c * 16 + p;
-        let mut dst = vec![T::default(); rows * w_out];
-        let work = |src: &[T], dst: &mut [T]| {
-            for (row_in, row_out) in src.chunks_exact(w_in).zip(dst.chunks_exact_mut(w_out)) {
-                let (left, rest) = row_in.split_at(c * 16);
-                let (right, pass) = rest.split_at(c * 16);
-                let (gp, pass_out) = row_out.split_at_mut(c * 16);
-                for ch in 0..c {
-                    let r = ch * 16..(ch + 1) * 16;
-                    gp16(&left[r.clone()], &right[r.clone()], &mut gp[r], self.bivector);
+        let bivector = self.bivector;
+        par_rows(src, rows, w_in, w_out, |row_in, row_out| {
+            let (left, rest) = row_in.split_at(c * 16);
+            let (right, pass) = rest.split_at(c * 16);
+            let (gp, pass_out) = row_out.split_at_mut(c * 16);
+            let mut ch = 0;
+            while ch < c {
+                let l = LANES.min(c - ch);
+                let mut xs = [[T::default(); LANES]; 16];
+                let mut ys = [[T::default(); LANES]; 16];
+                for q in 0..l {
+                    for j in 0..16 {
+                        xs[j][q] = left[(ch + q) * 16 + j];
+                        ys[j][q] = right[(ch + q) * 16 + j];
+                    }
                 }
-                pass_out.copy_from_slice(pass);
+                let mut acc = [[T::default(); LANES]; 16];
+                for i in 0..16 {
+                    if !bivector && (5..11).contains(&i) {
+                        continue;
+                    }
+                    for j in 0..16 {
+                        let (x, y) = (&xs[j], &ys[GP_INDEX[i][j]]);
+                        let a = &mut acc[i];
+                        if GP_SIGN[i][j] > 0.0 {
+                            for q in 0..LANES {
+                                a[q] = a[q] + x[q] * y[q];
+                            }
+                        } else {
+                            for q in 0..LANES {
+                                a[q] = a[q] - x[q] * y[q];
+                            }
+                        }
+                    }
+                }
+                for q in 0..l {
+                    for i in 0..16 {
+                        gp[(ch + q) * 16 + i] = acc[i][q];
+                    }
+                }
+                ch += l;
             }
-        };
-        let threads = candle_core::utils::get_num_threads().max(1);
-        let per = rows.div_ceil(threads).max(PAR_GRAIN.div_ceil(c.max(1)));
-        if threads == 1 || rows <= per {
-            work(src, &mut dst);
-        } else {
-            std::thread::scope(|scope| {
-                for (s, d) in src.chunks(per * w_in).zip(dst.chunks_mut(per * w_out)) {
-                    scope.spawn(move || work(s, d));
-                }
-            });
-        }
-        dst
+            pass_out.copy_from_slice(pass);
+        })
     }
 }
 
@@ -125,7 +129,7 @@ pub fn gp_gather_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 }
 
 fn use_kernel(t: &Tensor) -> bool {
-    t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
+    super::kernels::kernel_ok(t)
 }
 
 /// The geometric product channel by channel on fused rows: `(R, 2·C·16 + P)` =
@@ -184,7 +188,14 @@ pub fn geometric_product_with(x: &Tensor, y: &Tensor, imp: GpImpl) -> Result<Ten
     let r = shape.elem_count() / 16;
     let (x2, y2) = (x.reshape((r, 16))?, y.reshape((r, 16))?);
     let out = match imp {
-        GpImpl::Kernel if use_kernel(&x2) => gp_fused(&Tensor::cat(&[&x2, &y2], 1)?, 1, 0, true)?,
+        GpImpl::Kernel if use_kernel(&x2) => {
+            // rows of LANES products, so that the kernel's SIMD tile is full
+            let pad = r.next_multiple_of(LANES) - r;
+            let (xp, yp) = (x2.pad_with_zeros(0, 0, pad)?, y2.pad_with_zeros(0, 0, pad)?);
+            let rows = (r + pad) / LANES;
+            let lr = Tensor::cat(&[&xp.reshape((rows, LANES * 16))?, &yp.reshape((rows, LANES * 16))?], 1)?;
+            gp_fused(&lr, LANES, 0, true)?.reshape((r + pad, 16))?.narrow(0, 0, r)?
+        }
         GpImpl::Kernel | GpImpl::Dense => gp_dense_rows(&x2, &y2)?,
         GpImpl::Gather => gp_gather_rows(&x2, &y2)?,
     };

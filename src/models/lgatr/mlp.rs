@@ -5,12 +5,21 @@ use candle_nn::VarBuilder;
 use super::bilinear::gp_fused;
 use super::config::{LgatrConfig, Nonlinearity};
 use super::equi_linear::{DenseMap, EquiLinearWeights, FusedLinear};
+use super::kernels::{kernel_ok, GateKernel};
 use super::norm::EquiNorm;
 use crate::error::Result;
 
 /// `ScalarGatedNonlinearity` on rows `(R, 16C + S)`: every mv channel times `f(its scalar
-/// component)`, scalars through `f`.
+/// component)`, scalars through `f` (a row kernel on CPU, tensor ops elsewhere).
 pub fn gate_fused(x: &Tensor, c: usize, s: usize, f: Nonlinearity) -> Result<Tensor> {
+    if kernel_ok(x) {
+        return Ok(x.contiguous()?.apply_op1_no_bwd(&GateKernel { c, s, f })?);
+    }
+    gate_fused_reference(x, c, s, f)
+}
+
+/// The tensor-op form of [`gate_fused`] (any device).
+pub fn gate_fused_reference(x: &Tensor, c: usize, s: usize, f: Nonlinearity) -> Result<Tensor> {
     let (r, _) = x.dims2()?;
     let mut parts = Vec::with_capacity(2);
     if c > 0 {

@@ -18,6 +18,7 @@ pub mod block;
 pub mod config;
 pub mod equi_linear;
 pub mod events;
+mod kernels;
 pub mod mlp;
 pub mod net;
 pub mod norm;

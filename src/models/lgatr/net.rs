@@ -22,6 +22,18 @@ pub struct Lgatr {
     dtype: DType,
 }
 
+/// Items per sub-batch of events in a forward pass (at least one event).
+pub const ITEM_CHUNK: usize = 1024;
+
+/// Rows `b0..b0+bc` of a bias whose dim 0 is the batch (or 1, broadcast).
+pub(crate) fn batch_slice(bias: &Tensor, b: usize, b0: usize, bc: usize) -> Result<Tensor> {
+    match bias.dim(0)? {
+        1 => Ok(bias.clone()),
+        d if d == b => Ok(bias.narrow(0, b0, bc)?),
+        d => Err(Error::Input(format!("attention mask batch dim {d} does not match batch {b}"))),
+    }
+}
+
 fn index_tensor(ix: &Option<Vec<usize>>, device: &Device) -> Result<Option<Tensor>> {
     Ok(match ix {
         Some(v) if !v.is_empty() => {
@@ -172,11 +184,25 @@ impl Lgatr {
             None => mv,
         };
         let bias = bias.map(|m| m.to_device(&self.device)?.to_dtype(self.dtype)).transpose()?;
-        let mut h = self.linear_in.forward(&x)?;
-        for block in &self.blocks {
-            h = block.forward(&h, add.as_ref(), b, n, bias.as_ref())?;
+        // Events never interact, so run them in sub-batches of about ITEM_CHUNK items: that keeps
+        // every intermediate small (cache- and allocator-friendly) without changing any result.
+        let per = (ITEM_CHUNK / n.max(1)).clamp(1, b.max(1));
+        let mut ys = Vec::with_capacity(b.div_ceil(per));
+        let mut b0 = 0;
+        while b0 < b {
+            let bc = per.min(b - b0);
+            let rows = |t: &Tensor| t.narrow(0, b0 * n, bc * n);
+            let xc = rows(&x)?;
+            let ac = add.as_ref().map(rows).transpose()?;
+            let biasc = bias.as_ref().map(|m| batch_slice(m, b, b0, bc)).transpose()?;
+            let mut h = self.linear_in.forward(&xc)?;
+            for block in &self.blocks {
+                h = block.forward(&h, ac.as_ref(), bc, n, biasc.as_ref())?;
+            }
+            ys.push(self.linear_out.forward(&h)?);
+            b0 += bc;
         }
-        let y = self.linear_out.forward(&h)?;
+        let y = if ys.len() == 1 { ys.remove(0) } else { Tensor::cat(&ys, 0)? };
         let (om, os) = (cfg.out_mv_channels, cfg.out_s_channels);
         let mut mv_shape = dims[..rank - 2].to_vec();
         mv_shape.extend([om, 16]);

@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
 use super::algebra::GRADE_INDEX;
+use super::kernels::{kernel_ok, EquiNormKernel};
 use super::primitives::metric_grades_tensor;
 use crate::error::{Error, Result};
 
@@ -30,13 +31,14 @@ pub struct EquiNorm {
     s: usize,
     w16: Option<Tensor>,
     ws: Option<Tensor>,
+    gains: Option<Vec<f64>>,
     grades: Tensor,
 }
 
 impl EquiNorm {
     /// No-affine norm (`EquiLayerNorm()`).
     pub fn plain(c: usize, s: usize, device: &Device, dtype: DType) -> Result<Self> {
-        Ok(Self { c, s, w16: None, ws: None, grades: metric_grades_tensor(device, dtype)? })
+        Ok(Self { c, s, w16: None, ws: None, gains: None, grades: metric_grades_tensor(device, dtype)? })
     }
 
     /// Loads `weight_mv (C, 5)` and `weight_s (S,)` when `affine`.
@@ -45,10 +47,14 @@ impl EquiNorm {
         if affine {
             let wmv = vb.get((c, 5), "weight_mv")?.to_dtype(DType::F64)?.to_vec2::<f64>()?;
             let w16: Vec<f64> = wmv.iter().flat_map(|g| GRADE_INDEX.iter().map(move |&k| g[k])).collect();
-            n.w16 = Some(Tensor::from_vec(w16, 16 * c, vb.device())?.to_dtype(vb.dtype())?);
+            n.w16 = Some(Tensor::from_vec(w16.clone(), 16 * c, vb.device())?.to_dtype(vb.dtype())?);
+            let mut gains = w16;
             if s > 0 {
-                n.ws = Some(vb.get(s, "weight_s")?);
+                let ws = vb.get(s, "weight_s")?;
+                gains.extend(ws.to_dtype(DType::F64)?.to_vec1::<f64>()?);
+                n.ws = Some(ws);
             }
+            n.gains = Some(gains);
         }
         Ok(n)
     }
@@ -58,8 +64,21 @@ impl EquiNorm {
         16 * self.c + self.s
     }
 
-    /// `(R, 16C + S)` → same.
+    /// `(R, 16C + S)` → same (a row kernel on CPU, tensor ops elsewhere).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (_, w) = x.dims2()?;
+        if w != self.width() {
+            return Err(Error::Input(format!("EquiLayerNorm expects width {}, got {w}", self.width())));
+        }
+        if !kernel_ok(x) {
+            return self.forward_reference(x);
+        }
+        let k = EquiNormKernel { c: self.c, s: self.s, mv_eps: MV_EPSILON, s_eps: S_EPSILON, gains: self.gains.clone() };
+        Ok(x.contiguous()?.apply_op1_no_bwd(&k)?)
+    }
+
+    /// The tensor-op form of [`Self::forward`] (any device).
+    pub fn forward_reference(&self, x: &Tensor) -> Result<Tensor> {
         let (r, w) = x.dims2()?;
         if w != self.width() {
             return Err(Error::Input(format!("EquiLayerNorm expects width {}, got {w}", self.width())));

@@ -6,7 +6,7 @@ use candle_nn::VarBuilder;
 
 use super::attention::sdpa;
 use super::config::{Nonlinearity, SlimConfig};
-use super::net::{check_inputs, combined_bias};
+use super::net::{batch_slice, check_inputs, combined_bias, ITEM_CHUNK};
 use crate::error::{Error, Result};
 use crate::models::{Model, NamedTensors};
 
@@ -371,11 +371,26 @@ impl LgatrSlim {
             .contiguous()?;
         let s = scalars.to_device(&self.device)?.to_dtype(self.dtype)?.reshape((t, cfg.in_s_channels))?;
         let bias = bias.map(|m| m.to_device(&self.device)?.to_dtype(self.dtype)).transpose()?;
-        let (mut v, mut s) = self.linear_in.forward(&v, &s)?;
-        for block in &self.blocks {
-            (v, s) = block.forward(&v, &s, b, n, bias.as_ref())?;
+        let per = (ITEM_CHUNK / n.max(1)).clamp(1, b.max(1));
+        let (mut vs_out, mut ss_out) = (vec![], vec![]);
+        let mut b0 = 0;
+        while b0 < b {
+            let bc = per.min(b - b0);
+            let biasc = bias.as_ref().map(|m| batch_slice(m, b, b0, bc)).transpose()?;
+            let (mut vc, mut sc) = self.linear_in.forward(&v.narrow(0, b0 * n, bc * n)?, &s.narrow(0, b0 * n, bc * n)?)?;
+            for block in &self.blocks {
+                (vc, sc) = block.forward(&vc, &sc, bc, n, biasc.as_ref())?;
+            }
+            let (vc, sc) = self.linear_out.forward(&vc, &sc)?;
+            vs_out.push(vc);
+            ss_out.push(sc);
+            b0 += bc;
         }
-        let (v, s) = self.linear_out.forward(&v, &s)?;
+        let (v, s) = if vs_out.len() == 1 {
+            (vs_out.remove(0), ss_out.remove(0))
+        } else {
+            (Tensor::cat(&vs_out, 0)?, Tensor::cat(&ss_out, 0)?)
+        };
         let mut vs = dims[..rank - 2].to_vec();
         vs.extend([cfg.out_v_channels, 4]);
         let mut ss = dims[..rank - 2].to_vec();

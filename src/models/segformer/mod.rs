@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::models::{Model, NamedTensors};
-use crate::nn::depthwise::{DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
+use crate::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
 use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
 use crate::weights::Vb;
@@ -351,6 +351,7 @@ struct MixFfn {
     dwconv: DepthwiseConv2d,
     act: Act,
     fc2: Linear,
+    imp: DepthwiseImpl,
 }
 
 impl MixFfn {
@@ -361,19 +362,40 @@ impl MixFfn {
             dwconv: DepthwiseConv2d::load(&vb.pp("dwconv").pp("dwconv"), hidden, 3, dw_cfg, true)?,
             act,
             fc2: Linear::load(&vb.pp("dense2"), hidden, c, true)?,
+            imp: DepthwiseImpl::Auto,
         })
+    }
+
+    fn activate(&self, y: Tensor) -> candle_core::Result<Tensor> {
+        match self.act {
+            Act::GeluErf => y.gelu_erf(),
+            Act::GeluTanh => y.gelu(),
+            Act::Relu => y.relu(),
+            Act::Silu => y.silu(),
+        }
     }
 
     fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
         let y = self.fc1.forward(x)?;
-        let y = self.dwconv.forward(&tokens_to_nchw(&y, h, w)?)?;
-        let y = match self.act {
-            Act::GeluErf => y.gelu_erf()?,
-            Act::GeluTanh => y.gelu()?,
-            Act::Relu => y.relu()?,
-            Act::Silu => y.silu()?,
-        };
-        self.fc2.forward(&nchw_to_tokens(&y)?)
+        match self.imp {
+            DepthwiseImpl::Auto => {
+                // Channels-last: the tokens [B, h·w, C] are already NHWC; bias (+ exact GELU) fused.
+                let (b, n, c) = y.dims3()?;
+                let (dw_act, fused) = if self.act == Act::GeluErf { (DwActivation::GeluErf, true) } else { (DwActivation::None, false) };
+                let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
+                let z = depthwise_conv2d_nhwc(&y.reshape((b, h, w, c))?, self.dwconv.weight(), self.dwconv.bias(), dw_act, cfg)?
+                    .reshape((b, n, c))?;
+                let z = if fused { z } else { self.activate(z)? };
+                self.fc2.forward(&z)
+            }
+            DepthwiseImpl::Grouped => {
+                // The reference layout: NCHW, Candle's grouped conv, then the activation.
+                let mut dw = self.dwconv.clone();
+                dw.set_impl(DepthwiseImpl::Grouped);
+                let z = self.activate(dw.forward(&tokens_to_nchw(&y, h, w)?)?)?;
+                self.fc2.forward(&nchw_to_tokens(&z)?)
+            }
+        }
     }
 }
 
@@ -397,17 +419,44 @@ struct Stage {
     norm: LayerNorm,
 }
 
+/// How the decode head is evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeHeadImpl {
+    /// Exploits linearity: per stage, `linear_fuse`'s column block (BatchNorm folded) is multiplied
+    /// into the stage projection at load time, applied at the stage's own resolution, and the results
+    /// are bilinearly upsampled and summed in one fused pass (with bias and ReLU). Mathematically the
+    /// reference head (bilinear interpolation and 1×1 convs commute); about half of B0's FLOPs are
+    /// saved. CPU f32 only; other dtypes/devices use `Literal`.
+    #[default]
+    Folded,
+    /// The reference order: project, upsample, concatenate, 1×1 conv, BatchNorm, ReLU.
+    Literal,
+}
+
+struct FoldedHead {
+    /// Per stage: `linear_fuse[:, block(s)] · proj_s` as `[D, C_s]`, no bias.
+    stage: Vec<Linear>,
+    /// `BN bias + Σ_s linear_fuse[:, block(s)] · proj_s.bias` `[D]` (f32).
+    bias: Vec<f32>,
+    /// Classifier `[L, D]` and bias `[L, 1]`.
+    cls_w: Tensor,
+    cls_b: Tensor,
+}
+
 struct DecodeHead {
     proj: Vec<Linear>,
     /// `linear_fuse` with the BatchNorm folded in.
     fuse: Conv2d,
     classifier: Conv2d,
+    folded: Option<FoldedHead>,
+    imp: DecodeHeadImpl,
 }
 
 impl DecodeHead {
     fn load(vb: &Vb, cfg: &Config) -> Result<Self> {
         let d = cfg.decoder_hidden_size;
         let n = cfg.num_encoder_blocks;
+        let labels = cfg.num_labels();
         let proj = (0..n)
             .map(|s| Linear::load(&vb.pp("linear_c").pp(s).pp("proj"), cfg.hidden_sizes[s], d, true))
             .collect::<Result<Vec<_>>>()?;
@@ -421,15 +470,45 @@ impl DecodeHead {
         let mean = bn.get(d, "running_mean")?;
         let var = bn.get(d, "running_var")?;
         let inv = (gamma / (var + BATCH_NORM_EPS)?.sqrt()?)?;
-        let w = w.broadcast_mul(&inv.reshape((d, 1, 1, 1))?)?.to_dtype(vb.dtype())?;
-        let b = (beta - (mean * &inv)?)?.to_dtype(vb.dtype())?;
-        let fuse = Conv2d::new(w, Some(b), Conv2dConfig::default());
-        let classifier = conv2d(&vb.pp("classifier"), d, cfg.num_labels(), 1, Conv2dConfig::default(), true)?;
-        Ok(DecodeHead { proj, fuse, classifier })
+        let w32 = w.broadcast_mul(&inv.reshape((d, 1, 1, 1))?)?;
+        let b32 = (beta - (mean * &inv)?)?;
+        let fuse = Conv2d::new(w32.to_dtype(vb.dtype())?, Some(b32.to_dtype(vb.dtype())?), Conv2dConfig::default());
+        let classifier = conv2d(&vb.pp("classifier"), d, labels, 1, Conv2dConfig::default(), true)?;
+
+        // The folded form, computed in f64 from the f32 weights (on the CPU, then moved).
+        let folded = if vb.dtype() == DType::F32 && vb.device().is_cpu() {
+            let wf = w32.reshape((d, n * d))?.to_dtype(DType::F64)?;
+            let mut bias = b32.to_dtype(DType::F64)?;
+            let mut stage = Vec::with_capacity(n);
+            for s in 0..n {
+                let k = n - 1 - s; // concatenation is in reverse stage order
+                let ws = wf.narrow(1, k * d, d)?;
+                let p = f32v.pp("linear_c").pp(s).pp("proj");
+                let pw = p.get((d, cfg.hidden_sizes[s]), "weight")?.to_dtype(DType::F64)?;
+                let pb = p.get(d, "bias")?.to_dtype(DType::F64)?;
+                stage.push(Linear::from_tensors(ws.matmul(&pw)?.to_dtype(DType::F32)?, None)?);
+                bias = (bias + ws.matmul(&pb.reshape((d, 1))?)?.reshape(d)?)?;
+            }
+            let cls = f32v.pp("classifier");
+            Some(FoldedHead {
+                stage,
+                bias: bias.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+                cls_w: cls.get((labels, d, 1, 1), "weight")?.reshape((labels, d))?,
+                cls_b: cls.get(labels, "bias")?.reshape((labels, 1))?,
+            })
+        } else {
+            None
+        };
+        Ok(DecodeHead { proj, fuse, classifier, folded, imp: DecodeHeadImpl::Folded })
     }
 
     /// `feats[s]` = (stage tokens `[B, h_s·w_s, C_s]`, h_s, w_s).
     fn forward(&self, feats: &[(Tensor, usize, usize)]) -> candle_core::Result<Tensor> {
+        if let (DecodeHeadImpl::Folded, Some(f)) = (self.imp, &self.folded) {
+            if feats[0].0.dtype() == DType::F32 && feats[0].0.device().is_cpu() {
+                return self.forward_folded(f, feats);
+            }
+        }
         let (_, h0, w0) = feats[0];
         let mut ups = Vec::with_capacity(feats.len());
         for ((t, h, w), proj) in feats.iter().zip(&self.proj).rev() {
@@ -440,6 +519,59 @@ impl DecodeHead {
         let x = self.fuse.forward(&x)?.relu()?;
         self.classifier.forward(&x)
     }
+
+    fn forward_folded(&self, f: &FoldedHead, feats: &[(Tensor, usize, usize)]) -> candle_core::Result<Tensor> {
+        let (b, _, _) = feats[0].0.dims3()?;
+        let (_, h0, w0) = feats[0];
+        let d = f.bias.len();
+        let ys = feats
+            .iter()
+            .zip(&f.stage)
+            .map(|((t, h, w), lin)| Ok((lin.forward(t)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?, *h, *w)))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let fused = upsample_sum_relu(&ys, b, d, h0, w0, &f.bias);
+        let x = Tensor::from_vec(fused, (b, h0 * w0, d), feats[0].0.device())?;
+        let labels = f.cls_w.dim(0)?;
+        let logits = (0..b)
+            .map(|i| f.cls_w.matmul(&x.get(i)?.t()?)?.broadcast_add(&f.cls_b))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::stack(&logits, 0)?.reshape((b, labels, h0, w0))
+    }
+}
+
+/// `relu(bias + Σ_s bilinear_{align_corners=False}(y_s → h0×w0))` for channels-last stage maps
+/// `y_s [B, h_s·w_s, D]`; returns `[B, h0·w0, D]`. Parallel over output rows.
+fn upsample_sum_relu(ys: &[(Vec<f32>, usize, usize)], b: usize, d: usize, h0: usize, w0: usize, bias: &[f32]) -> Vec<f32> {
+    use rayon::prelude::*;
+    let taps: Vec<_> = ys.iter().map(|(_, h, w)| (pipeline::axis_taps(*h, h0), pipeline::axis_taps(*w, w0))).collect();
+    let row = w0 * d;
+    let mut out = vec![0f32; b * h0 * row];
+    out.par_chunks_mut(row).enumerate().for_each(|(r, orow)| {
+        let (bi, oy) = (r / h0, r % h0);
+        for px in orow.chunks_exact_mut(d) {
+            px.copy_from_slice(bias);
+        }
+        for ((y, h, w), (rt, ct)) in ys.iter().zip(&taps) {
+            let (h, w) = (*h, *w);
+            let plane = &y[bi * h * w * d..][..h * w * d];
+            let (y0, y1, ly1) = rt[oy];
+            let ly0 = 1.0 - ly1;
+            for (ox, o) in orow.chunks_exact_mut(d).enumerate() {
+                let (x0, x1, lx1) = ct[ox];
+                let lx0 = 1.0 - lx1;
+                let p = |yy: usize, xx: usize| &plane[(yy * w + xx) * d..][..d];
+                let (p00, p01, p10, p11) = (p(y0, x0), p(y0, x1), p(y1, x0), p(y1, x1));
+                let (w00, w01, w10, w11) = (ly0 * lx0, ly0 * lx1, ly1 * lx0, ly1 * lx1);
+                for c in 0..d {
+                    o[c] += w00 * p00[c] + w01 * p01[c] + w10 * p10[c] + w11 * p11[c];
+                }
+            }
+        }
+        for v in orow.iter_mut() {
+            *v = v.max(0.0);
+        }
+    });
+    out
 }
 
 /// `SegformerForSemanticSegmentation`: `pixel_values [B, C, H, W]` → `logits [B, num_labels, H/4, W/4]`.
@@ -500,12 +632,18 @@ impl SegformerForSemanticSegmentation {
         &self.device
     }
 
-    /// Chooses the Mix-FFN depthwise-conv implementation (the direct kernel by default; `Grouped` is
-    /// Candle's per-group conv, kept for benchmarks and cross-checks).
+    /// Chooses how the decode head is evaluated (folded by default; `Literal` is the reference order).
+    pub fn set_decode_head_impl(&mut self, imp: DecodeHeadImpl) {
+        self.head.imp = imp;
+    }
+
+    /// Chooses the Mix-FFN depthwise-conv implementation: `Auto` (default) runs the channels-last
+    /// kernel on the tokens with bias and GELU fused; `Grouped` is the reference layout (NCHW
+    /// transposes, Candle's per-group conv, separate activation), kept for benchmarks and cross-checks.
     pub fn set_depthwise_impl(&mut self, imp: DepthwiseImpl) {
         for st in &mut self.stages {
             for b in &mut st.blocks {
-                b.mlp.dwconv.set_impl(imp);
+                b.mlp.imp = imp;
             }
         }
     }

@@ -187,7 +187,7 @@ pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<
 }
 
 /// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
-fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+pub(crate) fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
     let scale = n_in as f32 / n_out as f32;
     (0..n_out)
         .map(|o| {

@@ -1,0 +1,576 @@
+//! The `annotate` configuration: a TOML file (see [`DEFAULT_CONFIG`]) plus command-line overrides.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::imageio::ImageLimits;
+
+/// A pipeline stage. The pipeline always runs them in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageKind {
+    /// Monocular depth (float `.npy`).
+    Depth,
+    /// Sobel edges of the depth (float `.npy`).
+    Edges,
+    /// Semantic segmentation (uint8 class-id PNG).
+    Segmentation,
+    /// Canopy height model (float `.npy`, GeoTIFF when the input is georeferenced).
+    Chm,
+}
+
+impl StageKind {
+    /// All stages, in pipeline order.
+    pub const ALL: [StageKind; 4] = [StageKind::Depth, StageKind::Edges, StageKind::Segmentation, StageKind::Chm];
+
+    /// The stage's name, which is also its output directory and journal name.
+    pub fn name(self) -> &'static str {
+        match self {
+            StageKind::Depth => "depth",
+            StageKind::Edges => "edges",
+            StageKind::Segmentation => "segmentation",
+            StageKind::Chm => "chm",
+        }
+    }
+
+    /// Parses a stage name (`seg` is accepted for `segmentation`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "depth" => Ok(StageKind::Depth),
+            "edges" => Ok(StageKind::Edges),
+            "segmentation" | "seg" | "segment" => Ok(StageKind::Segmentation),
+            "chm" | "canopy" | "canopy_height" => Ok(StageKind::Chm),
+            other => Err(Error::Config(format!("unknown stage `{other}` (expected depth, edges, segmentation or chm)"))),
+        }
+    }
+
+    /// Whether the stage runs a model.
+    pub fn has_model(self) -> bool {
+        self != StageKind::Edges
+    }
+}
+
+/// How an input's identity is recorded, to tell on resume whether it is still the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fingerprint {
+    /// Size and modification time (cheap: one `stat` at listing time).
+    Mtime,
+    /// Size and an xxh64 hash of the bytes (survives copies that change mtimes; reads every input once).
+    Content,
+}
+
+/// The element type of float `.npy` outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FloatFormat {
+    /// IEEE half precision (`<f2`).
+    F16,
+    /// IEEE single precision (`<f4`).
+    F32,
+}
+
+/// One model of a stage: a path, optionally with its own device and dtype.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ModelRef {
+    /// A model directory or `.gguf` file.
+    Path(String),
+    /// A model with its own device / dtype.
+    Full {
+        /// A model directory or `.gguf` file.
+        model: String,
+        /// Overrides the stage's device.
+        #[serde(default)]
+        device: Option<String>,
+        /// Overrides the stage's dtype.
+        #[serde(default)]
+        dtype: Option<String>,
+    },
+}
+
+/// A model resolved for loading.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelSpec {
+    /// The name recorded in journals: the path as written in the config.
+    pub name: String,
+    /// The path to load (relative paths resolved against the config file's directory).
+    pub path: PathBuf,
+    /// Device (`cpu`, `cuda:N`, `metal`, `auto`).
+    pub device: String,
+    /// Compute dtype (`f32`, `f16`, `bf16`).
+    pub dtype: String,
+}
+
+/// Settings of a model stage (depth, segmentation, CHM).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelStage {
+    /// The primary model.
+    #[serde(default)]
+    pub model: String,
+    /// Models tried in order when the primary cannot load or fails on an image.
+    #[serde(default)]
+    pub fallback: Vec<ModelRef>,
+    /// Overrides the top-level device.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Overrides the top-level dtype.
+    #[serde(default)]
+    pub dtype: Option<String>,
+    /// Element type of `.npy` outputs (depth, CHM).
+    #[serde(default = "f16")]
+    pub format: FloatFormat,
+    /// Also write a PNG visualisation `<name>.viz.png`.
+    #[serde(default)]
+    pub visualize: bool,
+    /// Segmentation: a class-map TOML (checkpoint labels → project classes); empty = the checkpoint's.
+    #[serde(default)]
+    pub classes: String,
+    /// Segmentation: network input size `[height, width]`; empty = the model's preprocessor config.
+    #[serde(default)]
+    pub input_size: Vec<usize>,
+    /// CHM: also write a GeoTIFF `<name>.tif` when the input is georeferenced.
+    #[serde(default = "yes")]
+    pub geotiff: bool,
+}
+
+/// Settings of the edges stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgesStage {
+    /// Element type of `.npy` outputs.
+    #[serde(default = "f16")]
+    pub format: FloatFormat,
+    /// Also write a PNG visualisation `<name>.viz.png`.
+    #[serde(default)]
+    pub visualize: bool,
+}
+
+/// Journal durability settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalConfig {
+    /// fsync the journal after this many records…
+    #[serde(default = "sync_every")]
+    pub sync_every: usize,
+    /// …or this many seconds, whichever comes first.
+    #[serde(default = "sync_interval")]
+    pub sync_interval_s: f64,
+}
+
+/// Input size limits (checked from the header, before decoding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest accepted width or height.
+    #[serde(default = "max_side")]
+    pub max_side: u32,
+    /// Largest accepted pixel count.
+    #[serde(default = "max_pixels")]
+    pub max_pixels: u64,
+    /// Largest decoder allocation in MiB.
+    #[serde(default = "max_alloc_mb")]
+    pub max_alloc_mb: u64,
+}
+
+/// Feedback settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressConfig {
+    /// `auto` (bar on a terminal, lines otherwise), `bar`, `lines` or `none`.
+    #[serde(default = "auto")]
+    pub mode: String,
+    /// Seconds between plain progress lines.
+    #[serde(default = "interval")]
+    pub interval_s: f64,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Stages to run (always executed in pipeline order).
+    #[serde(default = "default_stages")]
+    pub stages: Vec<StageKind>,
+    /// Default device.
+    #[serde(default = "auto")]
+    pub device: String,
+    /// Default compute dtype.
+    #[serde(default = "f32s")]
+    pub dtype: String,
+    /// Images per forward pass (batches are cut from the sorted input list).
+    #[serde(default = "batch")]
+    pub batch: usize,
+    /// Bound in MiB on decoded images and results in flight.
+    #[serde(default = "memory_mb")]
+    pub memory_mb: u64,
+    /// Decode threads (0 = automatic).
+    #[serde(default)]
+    pub decode_threads: usize,
+    /// Decoded batches queued ahead of the model.
+    #[serde(default = "prefetch")]
+    pub prefetch: usize,
+    /// Writer threads.
+    #[serde(default = "write_threads")]
+    pub write_threads: usize,
+    /// Input identity used on resume.
+    #[serde(default = "mtime")]
+    pub fingerprint: Fingerprint,
+    /// Input extensions (case-insensitive).
+    #[serde(default = "extensions")]
+    pub extensions: Vec<String>,
+    /// Journal durability.
+    #[serde(default)]
+    pub journal: JournalConfig,
+    /// Input limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Feedback.
+    #[serde(default)]
+    pub progress: ProgressConfig,
+    /// Depth stage.
+    #[serde(default = "depth_stage")]
+    pub depth: ModelStage,
+    /// Edges stage.
+    #[serde(default)]
+    pub edges: EdgesStage,
+    /// Segmentation stage.
+    #[serde(default = "seg_stage")]
+    pub segmentation: ModelStage,
+    /// Canopy-height stage.
+    #[serde(default = "chm_stage")]
+    pub chm: ModelStage,
+    /// Directory relative model / class-map paths are resolved against (the config file's).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+fn f16() -> FloatFormat { FloatFormat::F16 }
+fn yes() -> bool { true }
+fn sync_every() -> usize { 64 }
+fn sync_interval() -> f64 { 2.0 }
+fn max_side() -> u32 { ImageLimits::default().max_side }
+fn max_pixels() -> u64 { ImageLimits::default().max_pixels }
+fn max_alloc_mb() -> u64 { ImageLimits::default().max_alloc >> 20 }
+fn auto() -> String { "auto".into() }
+fn f32s() -> String { "f32".into() }
+fn interval() -> f64 { 10.0 }
+fn default_stages() -> Vec<StageKind> { vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation] }
+fn batch() -> usize { 4 }
+fn memory_mb() -> u64 { 2048 }
+fn prefetch() -> usize { 2 }
+fn write_threads() -> usize { 2 }
+fn mtime() -> Fingerprint { Fingerprint::Mtime }
+fn extensions() -> Vec<String> { crate::imageio::IMAGE_EXTENSIONS.iter().map(|s| s.to_string()).collect() }
+
+fn model_stage(model: &str) -> ModelStage {
+    ModelStage {
+        model: model.into(),
+        fallback: vec![],
+        device: None,
+        dtype: None,
+        format: FloatFormat::F16,
+        visualize: false,
+        classes: String::new(),
+        input_size: vec![],
+        geotiff: true,
+    }
+}
+fn depth_stage() -> ModelStage { model_stage("models/depth-anything-v2-small") }
+fn seg_stage() -> ModelStage { model_stage("models/segformer-b0") }
+fn chm_stage() -> ModelStage { model_stage("models/chm") }
+
+impl Default for JournalConfig {
+    fn default() -> Self { JournalConfig { sync_every: sync_every(), sync_interval_s: sync_interval() } }
+}
+impl Default for LimitsConfig {
+    fn default() -> Self { LimitsConfig { max_side: max_side(), max_pixels: max_pixels(), max_alloc_mb: max_alloc_mb() } }
+}
+impl Default for ProgressConfig {
+    fn default() -> Self { ProgressConfig { mode: auto(), interval_s: interval() } }
+}
+impl Default for EdgesStage {
+    fn default() -> Self { EdgesStage { format: FloatFormat::F16, visualize: false } }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            stages: default_stages(),
+            device: auto(),
+            dtype: f32s(),
+            batch: batch(),
+            memory_mb: memory_mb(),
+            decode_threads: 0,
+            prefetch: prefetch(),
+            write_threads: write_threads(),
+            fingerprint: mtime(),
+            extensions: extensions(),
+            journal: JournalConfig::default(),
+            limits: LimitsConfig::default(),
+            progress: ProgressConfig::default(),
+            depth: depth_stage(),
+            edges: EdgesStage::default(),
+            segmentation: seg_stage(),
+            chm: chm_stage(),
+            base_dir: PathBuf::from("."),
+        }
+    }
+}
+
+/// The commented default configuration printed by `edgerun annotate --print-config`.
+pub const DEFAULT_CONFIG: &str = r#"# edgerun annotate configuration (every key is optional; these are the defaults).
+#
+#   edgerun annotate --config annotate.toml <input_dir> <output_dir>
+#
+# Outputs go to <output_dir>/<stage>/, mirroring the input tree with the extension replaced:
+# depth, edges, chm: <name>.npy (float16 or float32); segmentation: <name>.png (uint8 class ids);
+# visualisations: <name>.viz.png; chm on georeferenced input: <name>.tif.
+# Completion journals (JSON lines) are in <output_dir>/manifests/; a killed run resumes where it stopped.
+
+# Stages to run. They always execute in pipeline order: depth, edges, segmentation, chm.
+# edges is computed from the depth produced in the same run; run alone it reads <output_dir>/depth/*.npy.
+stages = ["depth", "edges", "segmentation"]
+
+# Compute device (cpu, cuda, cuda:N, metal, auto) and dtype (f32, f16, bf16); a stage may override both.
+device = "auto"
+dtype = "f32"
+
+# Images per forward pass. Batches are cut from the sorted input list (and shards take whole batches),
+# so outputs are bit-identical whether a run was interrupted, resumed or sharded.
+batch = 4
+# Bound (MiB) on decoded images and results in flight; decoding pauses when it is reached.
+# Model weights and activations are not counted.
+memory_mb = 2048
+# Threads decoding inputs (0 = automatic: half the cores, at most 8) and decoded batches queued ahead
+# of the model.
+decode_threads = 0
+prefetch = 2
+# Threads writing outputs (each write: temp file, fsync, rename, fsync of the directory).
+write_threads = 2
+
+# How an input is recognised on resume: "mtime" (size + modification time) or "content"
+# (size + xxh64 of the bytes; survives copies that reset mtimes, but reads every new input once).
+fingerprint = "mtime"
+# Input file extensions (case-insensitive). Other files are ignored.
+extensions = ["png", "jpg", "jpeg", "tif", "tiff"]
+
+[journal]
+# The journal is fsynced after this many records or this many seconds, whichever comes first
+# (a record is only written once the item's outputs are durable).
+sync_every = 64
+sync_interval_s = 2.0
+
+[limits]
+# Inputs larger than this (from the header, before decoding) are recorded as failed.
+max_side = 20000
+max_pixels = 120000000
+max_alloc_mb = 1024
+
+[progress]
+# "auto" (a bar on a terminal, plain lines otherwise), "bar", "lines" or "none"; all on stderr.
+mode = "auto"
+# Seconds between plain progress lines.
+interval_s = 10.0
+
+[depth]
+# Model directory (config.json + model.safetensors) or .gguf; relative paths are relative to this file.
+model = "models/depth-anything-v2-small"
+# Tried in order when the primary cannot load or fails on an image; the journal records which model
+# produced each output. Each entry is a path or { model = "...", device = "cpu", dtype = "f32" }.
+fallback = []
+# device = "cuda:0"   # overrides the top-level device for this stage
+# dtype = "f16"       # overrides the top-level dtype for this stage
+format = "f16"        # .npy element type: "f16" or "f32"
+visualize = false     # also write a colour-mapped <name>.viz.png
+
+[edges]
+format = "f16"
+visualize = false
+
+[segmentation]
+model = "models/segformer-b0"
+fallback = []
+# Class map (TOML) from checkpoint labels onto project classes; "" keeps the checkpoint's classes.
+classes = ""
+# Network input size [height, width]; [] uses the model's preprocessor_config.json.
+input_size = []
+visualize = false     # also write a palette <name>.viz.png
+
+[chm]
+model = "models/chm"
+fallback = []
+format = "f16"
+visualize = false
+geotiff = true        # also write <name>.tif when the input is georeferenced
+"#;
+
+impl Config {
+    /// Parses TOML text; relative paths will resolve against `base_dir`.
+    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
+        let mut c: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        c.base_dir = base_dir.to_path_buf();
+        Ok(c)
+    }
+
+    /// Reads a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        Self::from_toml(&text, base).map_err(|e| match e {
+            Error::Config(m) => Error::bad_file(path, m),
+            other => other,
+        })
+    }
+
+    /// The stages to run, deduplicated, in pipeline order.
+    pub fn stage_list(&self) -> Vec<StageKind> {
+        let mut s = self.stages.clone();
+        s.sort();
+        s.dedup();
+        s
+    }
+
+    /// The settings of a model stage.
+    pub fn model_stage(&self, k: StageKind) -> Option<&ModelStage> {
+        match k {
+            StageKind::Depth => Some(&self.depth),
+            StageKind::Segmentation => Some(&self.segmentation),
+            StageKind::Chm => Some(&self.chm),
+            StageKind::Edges => None,
+        }
+    }
+
+    /// Mutable settings of a model stage.
+    pub fn model_stage_mut(&mut self, k: StageKind) -> Option<&mut ModelStage> {
+        match k {
+            StageKind::Depth => Some(&mut self.depth),
+            StageKind::Segmentation => Some(&mut self.segmentation),
+            StageKind::Chm => Some(&mut self.chm),
+            StageKind::Edges => None,
+        }
+    }
+
+    /// Whether a stage writes a visualisation.
+    pub fn visualize(&self, k: StageKind) -> bool {
+        match k {
+            StageKind::Edges => self.edges.visualize,
+            _ => self.model_stage(k).is_some_and(|s| s.visualize),
+        }
+    }
+
+    /// The `.npy` element type of a float stage.
+    pub fn float_format(&self, k: StageKind) -> FloatFormat {
+        match k {
+            StageKind::Edges => self.edges.format,
+            _ => self.model_stage(k).map(|s| s.format).unwrap_or(FloatFormat::F16),
+        }
+    }
+
+    /// Resolves a path from the config against its directory.
+    pub fn resolve(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir.join(p)
+        }
+    }
+
+    /// The primary model and fallbacks of a model stage, in the order they are tried.
+    pub fn model_chain(&self, k: StageKind) -> Result<Vec<ModelSpec>> {
+        let s = self.model_stage(k).ok_or_else(|| Error::Config(format!("{} has no model", k.name())))?;
+        if s.model.trim().is_empty() {
+            return Err(Error::Config(format!("[{}] model is not set", k.name())));
+        }
+        let dev = s.device.clone().unwrap_or_else(|| self.device.clone());
+        let dt = s.dtype.clone().unwrap_or_else(|| self.dtype.clone());
+        let mut out = vec![ModelSpec { name: s.model.clone(), path: self.resolve(&s.model), device: dev.clone(), dtype: dt.clone() }];
+        for f in &s.fallback {
+            out.push(match f {
+                ModelRef::Path(p) => ModelSpec { name: p.clone(), path: self.resolve(p), device: dev.clone(), dtype: dt.clone() },
+                ModelRef::Full { model, device, dtype } => ModelSpec {
+                    name: model.clone(),
+                    path: self.resolve(model),
+                    device: device.clone().unwrap_or_else(|| dev.clone()),
+                    dtype: dtype.clone().unwrap_or_else(|| dt.clone()),
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    /// The image limits.
+    pub fn image_limits(&self) -> ImageLimits {
+        ImageLimits {
+            max_side: self.limits.max_side,
+            max_pixels: self.limits.max_pixels,
+            max_alloc: self.limits.max_alloc_mb.saturating_mul(1 << 20),
+        }
+    }
+
+    /// Checks values that serde cannot.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.stages.is_empty() {
+            return bad("`stages` is empty".into());
+        }
+        if self.batch == 0 {
+            return bad("`batch` must be at least 1".into());
+        }
+        if self.prefetch == 0 || self.write_threads == 0 {
+            return bad("`prefetch` and `write_threads` must be at least 1".into());
+        }
+        if self.memory_mb == 0 {
+            return bad("`memory_mb` must be at least 1".into());
+        }
+        if self.journal.sync_every == 0 || !(self.journal.sync_interval_s.is_finite() && self.journal.sync_interval_s >= 0.0) {
+            return bad("[journal] sync_every must be ≥ 1 and sync_interval_s ≥ 0".into());
+        }
+        if self.extensions.is_empty() {
+            return bad("`extensions` is empty".into());
+        }
+        if !matches!(self.progress.mode.as_str(), "auto" | "bar" | "lines" | "none") {
+            return bad(format!("[progress] mode `{}` is not auto, bar, lines or none", self.progress.mode));
+        }
+        if !(self.segmentation.input_size.is_empty() || (self.segmentation.input_size.len() == 2 && self.segmentation.input_size.iter().all(|&v| v > 0))) {
+            return bad("[segmentation] input_size must be [] or [height, width]".into());
+        }
+        crate::device::parse_dtype(&self.dtype).map_err(|e| Error::Config(e.to_string()))?;
+        for k in self.stage_list() {
+            if k.has_model() {
+                for m in self.model_chain(k)? {
+                    crate::device::parse_dtype(&m.dtype).map_err(|e| Error::Config(format!("[{}] {}: {e}", k.name(), m.name)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_default_parses_to_the_defaults() {
+        let c = Config::from_toml(DEFAULT_CONFIG, Path::new(".")).unwrap();
+        assert_eq!(c, Config::default());
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn fallbacks_take_paths_or_tables_and_unknown_keys_are_rejected() {
+        let c = Config::from_toml(
+            "[depth]\nmodel = \"a\"\nfallback = [\"b\", { model = \"/c\", device = \"cpu\" }]\n",
+            Path::new("/cfg"),
+        )
+        .unwrap();
+        let chain = c.model_chain(StageKind::Depth).unwrap();
+        assert_eq!(chain.iter().map(|m| m.path.clone()).collect::<Vec<_>>(), vec![PathBuf::from("/cfg/a"), PathBuf::from("/cfg/b"), PathBuf::from("/c")]);
+        assert_eq!(chain[2].device, "cpu");
+        assert!(Config::from_toml("batchsize = 3", Path::new(".")).is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! The input list: a sorted recursive listing of image files, cached in the output directory and
+//! rebuilt only when a directory of the input tree changed (directory mtimes), or on `--rescan`.
+//!
+//! A file rewritten in place (same name, no directory entry change) is only noticed with `--rescan`;
+//! new, removed and renamed files (including atomic replace-by-rename) are always noticed.
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::config::Fingerprint;
+use super::hash::xxh64_file;
+use crate::error::{Error, Result};
+
+/// One input file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// Path relative to the input root, `/`-separated.
+    pub rel: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    /// XXH64 of the contents (content fingerprints only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<u64>,
+}
+
+/// The listed inputs.
+#[derive(Debug, Clone)]
+pub struct Listing {
+    /// The input root.
+    pub root: PathBuf,
+    /// Inputs sorted by `rel`.
+    pub files: Vec<InputFile>,
+    /// Files that could not be listed (non-UTF-8 names, unreadable entries), with the reason.
+    pub skipped: Vec<String>,
+    /// Whether the list came from the cache.
+    pub from_cache: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Cache {
+    version: u32,
+    root: String,
+    extensions: Vec<String>,
+    exclude: Option<String>,
+    fingerprint: Fingerprint,
+    /// Directories (relative, "" = root) and their mtimes; -1 = changed during the scan.
+    dirs: Vec<(String, i64)>,
+    files: Vec<InputFile>,
+    skipped: Vec<String>,
+}
+
+const CACHE_VERSION: u32 = 1;
+/// Directories modified this close to the scan are not trusted next time (timestamp granularity).
+const RACY_NS: i64 = 2_000_000_000;
+
+/// Nanoseconds since the epoch of a modification time.
+pub fn mtime_ns(m: &std::fs::Metadata) -> i64 {
+    match m.modified() {
+        Ok(t) => match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+            Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
+        },
+        Err(_) => 0,
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+/// Lists `root` (excluding `exclude`, e.g. an output directory inside it, and hidden entries),
+/// using and refreshing the cache at `cache_path`.
+pub fn list_inputs(
+    root: &Path,
+    extensions: &[String],
+    exclude: Option<&Path>,
+    fingerprint: Fingerprint,
+    cache_path: &Path,
+    rescan: bool,
+) -> Result<Listing> {
+    let root_c = root.canonicalize().map_err(|e| Error::io(root, e))?;
+    if !root_c.is_dir() {
+        return Err(Error::Input(format!("{} is not a directory", root.display())));
+    }
+    let exclude_c = exclude.and_then(|p| p.canonicalize().ok()).filter(|p| p.starts_with(&root_c));
+    let exts: Vec<String> = extensions.iter().map(|e| e.trim_start_matches('.').to_ascii_lowercase()).collect();
+    let root_s = root_c.to_string_lossy().into_owned();
+    let exclude_s = exclude_c.as_ref().map(|p| p.to_string_lossy().into_owned());
+
+    let old: Option<Cache> = std::fs::read(cache_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Cache>(&b).ok())
+        .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s);
+    if let Some(c) = &old {
+        if !rescan && c.fingerprint == fingerprint && dirs_unchanged(&root_c, &c.dirs) {
+            return Ok(Listing { root: root_c, files: c.files.clone(), skipped: c.skipped.clone(), from_cache: true });
+        }
+    }
+
+    let start = now_ns();
+    let mut dirs = Vec::new();
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    let mut seen = HashSet::new();
+    walk(&root_c, "", &exts, exclude_c.as_deref(), start, &mut dirs, &mut files, &mut skipped, &mut seen)?;
+    files.sort_by(|a: &InputFile, b| a.rel.cmp(&b.rel));
+    if fingerprint == Fingerprint::Content {
+        let known: HashMap<(&str, u64, i64), u64> = old
+            .as_ref()
+            .map(|c| c.files.iter().filter_map(|f| f.hash.map(|h| ((f.rel.as_str(), f.size, f.mtime_ns), h))).collect())
+            .unwrap_or_default();
+        let hashes: Vec<Option<u64>> = files
+            .par_iter()
+            .map(|f| known.get(&(f.rel.as_str(), f.size, f.mtime_ns)).copied().or_else(|| xxh64_file(&root_c.join(&f.rel)).ok()))
+            .collect();
+        for (f, h) in files.iter_mut().zip(hashes) {
+            f.hash = h;
+        }
+    }
+    let cache = Cache { version: CACHE_VERSION, root: root_s, extensions: exts, exclude: exclude_s, fingerprint, dirs, files, skipped };
+    // The cache is an optimisation: failing to write it is not an error.
+    if let Ok(bytes) = serde_json::to_vec(&cache) {
+        let _ = crate::fsutil::write_atomic(cache_path, &bytes);
+    }
+    Ok(Listing { root: root_c, files: cache.files, skipped: cache.skipped, from_cache: false })
+}
+
+fn dirs_unchanged(root: &Path, dirs: &[(String, i64)]) -> bool {
+    !dirs.is_empty()
+        && dirs.iter().all(|(rel, m)| {
+            *m >= 0 && std::fs::metadata(if rel.is_empty() { root.to_path_buf() } else { root.join(rel) }).is_ok_and(|md| md.is_dir() && mtime_ns(&md) == *m)
+        })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn walk(
+    dir: &Path,
+    rel: &str,
+    exts: &[String],
+    exclude: Option<&Path>,
+    scan_start: i64,
+    dirs: &mut Vec<(String, i64)>,
+    files: &mut Vec<InputFile>,
+    skipped: &mut Vec<String>,
+    seen: &mut HashSet<PathBuf>,
+) -> Result<()> {
+    // Guard against symlink loops.
+    let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+    if !seen.insert(canon) {
+        return Ok(());
+    }
+    // The mtime is read before the entries, so an entry added meanwhile changes it for next time.
+    let md = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+    let m = mtime_ns(&md);
+    dirs.push((rel.to_string(), if m >= scan_start - RACY_NS { -1 } else { m }));
+    let mut entries: Vec<(String, PathBuf)> = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let e = match e {
+            Ok(e) => e,
+            Err(err) => {
+                skipped.push(format!("{}: {err}", dir.display()));
+                continue;
+            }
+        };
+        let name = e.file_name();
+        match name.to_str() {
+            Some(n) if n.starts_with('.') => {}
+            Some(n) => entries.push((n.to_string(), e.path())),
+            None => skipped.push(format!("{}: file name is not UTF-8", e.path().display())),
+        }
+    }
+    entries.sort();
+    for (name, path) in entries {
+        let child_rel = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+        let md = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(err) => {
+                skipped.push(format!("{child_rel}: {err}"));
+                continue;
+            }
+        };
+        if md.is_dir() {
+            if exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
+                continue;
+            }
+            walk(&path, &child_rel, exts, exclude, scan_start, dirs, files, skipped, seen)?;
+        } else if md.is_file() {
+            let ext = Path::new(&name).extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
+            if ext.is_some_and(|e| exts.contains(&e)) {
+                files.push(InputFile { rel: child_rel, size: md.len(), mtime_ns: mtime_ns(&md), hash: None });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! `edgerun annotate`: the crash-safe, resumable, shardable dataset pipeline
+//! (depth → edges → segmentation → canopy height).
+//!
+//! - [`config`]: the TOML configuration and its commented default;
+//! - [`listing`]: the sorted input list, cached and rebuilt only when the input tree changed;
+//! - [`shard`]: `--shard K/N` and its SLURM / Kubernetes defaults;
+//! - [`journal`]: per-stage completion journals (append-only JSON lines) and `--merge`;
+//! - [`layout`]: output paths, directory creation, stale temp-file cleanup;
+//! - [`stages`]: the model stages behind one trait and the fallback chain;
+//! - [`decode`]: reading and decoding inputs under size limits;
+//! - [`scheduler`]: decode pool → batched inference → writer pool → journal;
+//! - [`progress`]: the progress display and the summary.
+pub mod config;
+pub mod decode;
+pub mod hash;
+pub mod journal;
+pub mod layout;
+pub mod listing;
+pub mod progress;
+pub mod scheduler;
+pub mod shard;
+pub mod stages;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use config::{Config, Fingerprint, FloatFormat, StageKind, DEFAULT_CONFIG};
+pub use journal::{MergedStage, Record, Status};
+pub use progress::Summary;
+pub use shard::Shard;
+
+use crate::error::{Error, Result};
+use journal::{journal_path, manifest_dir, read_records, stage_journals, Index, Journal};
+use layout::{collisions, create_dirs, expected_outputs, output_rel, possible_outputs, remove_stale_temps, stem_rel, OutputKind};
+use listing::{list_inputs, InputFile};
+use progress::{Mode, Progress, StageSummary};
+use scheduler::{ChunkJob, Exec, ItemInfo, Member, StageSet};
+use stages::{Devices, ModelChain};
+
+/// One run's inputs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The configuration (with command-line overrides applied).
+    pub config: Config,
+    /// Input directory.
+    pub input: PathBuf,
+    /// Output directory.
+    pub output: PathBuf,
+    /// This process's shard.
+    pub shard: Shard,
+    /// Retry inputs an earlier run recorded as failed.
+    pub retry_failed: bool,
+    /// Re-list the input tree even when the cached list looks current.
+    pub rescan: bool,
+}
+
+enum State {
+    Done,
+    SkipFailed,
+    Pending,
+}
+
+fn same_input(r: &Record, f: &InputFile, fp: Fingerprint) -> bool {
+    r.size == f.size
+        && match fp {
+            Fingerprint::Mtime => r.mtime_ns == f.mtime_ns,
+            Fingerprint::Content => f.hash.is_some() && r.hash == f.hash.map(|h| format!("xxh64:{h:016x}")),
+        }
+}
+
+fn state(idx: &Index, f: &InputFile, expected: &[String], fp: Fingerprint, retry_failed: bool) -> State {
+    let Some((ok, failed)) = idx.by_input.get(&f.rel) else { return State::Pending };
+    if ok.as_ref().is_some_and(|r| same_input(r, f, fp) && expected.iter().all(|e| r.outputs.contains(e))) {
+        return State::Done;
+    }
+    if !retry_failed && failed.as_ref().is_some_and(|r| same_input(r, f, fp)) {
+        return State::SkipFailed;
+    }
+    State::Pending
+}
+
+fn summary_path(output: &Path, tag: &str) -> PathBuf {
+    output.join(format!("summary{tag}.json"))
+}
+
+/// Runs (or resumes) an annotation of `opts.input` into `opts.output`.
+pub fn run(opts: &RunOptions) -> Result<Summary> {
+    let t0 = Instant::now();
+    let cfg = &opts.config;
+    cfg.validate()?;
+    let stages = cfg.stage_list();
+    let shard = opts.shard;
+    let tag = shard.tag();
+    if !opts.input.is_dir() {
+        return Err(Error::Input(format!("input {} is not a directory", opts.input.display())));
+    }
+    let output = &opts.output;
+    let mdir = manifest_dir(output);
+    std::fs::create_dir_all(&mdir).map_err(|e| Error::io(&mdir, e))?;
+    let in_c = opts.input.canonicalize().map_err(|e| Error::io(&opts.input, e))?;
+    let out_c = output.canonicalize().map_err(|e| Error::io(output, e))?;
+    if in_c == out_c {
+        return Err(Error::Config("the output directory must not be the input directory".into()));
+    }
+    let quiet = cfg.progress.mode == "none";
+    let say = |m: &str| {
+        if !quiet {
+            progress::log(m)
+        }
+    };
+
+    // Inputs.
+    let listing = list_inputs(&opts.input, &cfg.extensions, Some(&out_c), cfg.fingerprint, &mdir.join(format!("filelist{tag}.json")), opts.rescan)?;
+    for s in &listing.skipped {
+        say(&format!("not listed: {s}"));
+    }
+    let items: Vec<ItemInfo> = listing.files.iter().map(|f| ItemInfo { stem: stem_rel(&f.rel), file: f.clone() }).collect();
+    let stems: Vec<String> = items.iter().map(|i| i.stem.clone()).collect();
+    let coll = collisions(&stems, stages.iter().any(|k| cfg.visualize(*k)));
+
+    // Journals.
+    let sync_interval = Duration::from_secs_f64(cfg.journal.sync_interval_s);
+    let mut journals = HashMap::new();
+    let mut indexes = HashMap::new();
+    for &k in &stages {
+        let own = journal_path(output, k, &tag);
+        let (j, recs, rec) = Journal::open(&own, cfg.journal.sync_every, sync_interval)?;
+        if rec.truncated_bytes > 0 {
+            say(&format!("{}: dropped a torn last record ({} bytes) left by an interrupted run", own.display(), rec.truncated_bytes));
+        }
+        if rec.bad_lines > 0 {
+            say(&format!("{}: ignoring {} unreadable lines", own.display(), rec.bad_lines));
+        }
+        let mut idx = Index::default();
+        for (p, is_shard) in stage_journals(output, k)? {
+            // Unsharded runs see every shard's work; a shard sees the merged (unsharded) journal.
+            if p != own && (shard.is_whole() || !is_shard) {
+                idx.add(read_records(&p)?);
+            }
+        }
+        idx.add(recs);
+        journals.insert(k, j);
+        indexes.insert(k, idx);
+    }
+
+    // Plan: whole batches of the sorted list; this shard's; what each member still needs.
+    let mut summary_stages: BTreeMap<StageKind, StageSummary> = stages.iter().map(|k| (*k, StageSummary::default())).collect();
+    let n = items.len();
+    let b = cfg.batch;
+    let mut jobs = Vec::new();
+    let mut in_shard = 0;
+    let mut skipped_items = 0;
+    let mut shard_dirs: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut owned: HashSet<PathBuf> = HashSet::new();
+    let mut pending_outputs: Vec<String> = Vec::new();
+    for c in 0..n.div_ceil(b) {
+        if !shard.owns_chunk(c) {
+            continue;
+        }
+        let range = c * b..((c + 1) * b).min(n);
+        in_shard += range.len();
+        let mut members = Vec::with_capacity(range.len());
+        for i in range {
+            let it = &items[i];
+            let mut pending = StageSet::default();
+            for &k in &stages {
+                let expected = expected_outputs(cfg, k, &it.stem);
+                match state(&indexes[&k], &it.file, &expected, cfg.fingerprint, opts.retry_failed) {
+                    State::Done => summary_stages.get_mut(&k).map(|s| s.skipped += 1).unwrap_or(()),
+                    State::SkipFailed => summary_stages.get_mut(&k).map(|s| s.skipped_failed += 1).unwrap_or(()),
+                    State::Pending => {
+                        pending.insert(k);
+                        pending_outputs.push(output_rel(k, &it.stem, OutputKind::Main));
+                    }
+                }
+                for o in possible_outputs(k, &it.stem) {
+                    let p = output.join(o);
+                    if let Some(d) = p.parent() {
+                        shard_dirs.insert(d.to_path_buf());
+                    }
+                    if !shard.is_whole() {
+                        owned.insert(p);
+                    }
+                }
+            }
+            if pending.is_empty() {
+                skipped_items += 1;
+            }
+            let pre_failed = coll[i].map(|j| format!("its output names collide with those of {} (same name, other extension)", items[j].file.rel));
+            members.push(Member { item: i, pending, decode: false, read_depth: false, pre_failed });
+        }
+        let run = members
+            .iter()
+            .filter(|m| m.pre_failed.is_none())
+            .fold(StageSet::default(), |acc, m| {
+                let mut s = StageSet::default();
+                for k in m.pending.iter().filter(|k| k.has_model()) {
+                    s.insert(k);
+                }
+                acc.union(s)
+            });
+        if members.iter().all(|m| m.pending.is_empty()) {
+            continue;
+        }
+        for m in &mut members {
+            m.decode = !run.is_empty() && m.pre_failed.is_none();
+            m.read_depth = m.pending.has(StageKind::Edges) && !m.pending.has(StageKind::Depth) && m.pre_failed.is_none();
+        }
+        jobs.push(ChunkJob { members, run });
+    }
+
+    // Output directories once, up front; temp files of killed runs removed.
+    create_dirs(output, pending_outputs)?;
+    for f in [summary_path(output, &tag), mdir.join(format!("filelist{tag}.json"))] {
+        owned.insert(f);
+    }
+    for k in &stages {
+        owned.insert(journal_path(output, *k, ""));
+    }
+    shard_dirs.insert(output.to_path_buf());
+    shard_dirs.insert(mdir.clone());
+    let stale = remove_stale_temps(&shard_dirs, if shard.is_whole() { None } else { Some(&owned) })?;
+    if stale > 0 {
+        say(&format!("removed {stale} temp files left by an interrupted run"));
+    }
+    let todo_items: usize = jobs.iter().map(|j| j.members.iter().filter(|m| !m.pending.is_empty()).count()).sum();
+    say(&format!(
+        "{} inputs{} in {}; shard {shard}: {in_shard} inputs, {todo_items} to do, {skipped_items} already done",
+        items.len(),
+        if listing.from_cache { " (cached list)" } else { "" },
+        opts.input.display()
+    ));
+    let setup_s = t0.elapsed().as_secs_f64();
+
+    // Models (only for stages some batch runs).
+    let t_load = Instant::now();
+    let mut devices = Devices::default();
+    let mut chains = Vec::new();
+    for &k in stages.iter().filter(|k| k.has_model()) {
+        if jobs.iter().any(|j| j.run.has(k)) {
+            let mut chain = ModelChain::new(k, cfg)?;
+            chain.load_primary(cfg, &mut devices, &mut |m| progress::log(&m))?;
+            chains.push(chain);
+        }
+    }
+    let load_s = t_load.elapsed().as_secs_f64();
+
+    let progress = Progress::new(Mode::from_config(&cfg.progress.mode), todo_items, Duration::from_secs_f64(cfg.progress.interval_s.max(0.1)));
+    let stats = if jobs.is_empty() {
+        drop(journals);
+        scheduler::ExecStats::default()
+    } else {
+        scheduler::execute(Exec {
+            cfg,
+            input_root: &listing.root,
+            output,
+            items: &items,
+            jobs,
+            chains,
+            devices,
+            journals,
+            shard: shard.to_string(),
+            progress,
+        })?
+    };
+
+    let mut summary = Summary {
+        input_dir: opts.input.display().to_string(),
+        output_dir: output.display().to_string(),
+        shard: shard.to_string(),
+        listed: items.len(),
+        in_shard,
+        processed: todo_items,
+        skipped: skipped_items,
+        failed: stats.failed_items,
+        listing_cached: listing.from_cache,
+        setup_s,
+        load_s,
+        pipeline_s: stats.pipeline_s,
+        wall_s: 0.0,
+        images_per_s: if stats.pipeline_s > 0.0 { todo_items as f64 / stats.pipeline_s } else { 0.0 },
+        model_busy_s: stats.model_busy_s,
+        model_busy_fraction: if stats.pipeline_s > 0.0 { stats.model_busy_s / stats.pipeline_s } else { 0.0 },
+        wait_input_s: stats.wait_input_s,
+        wait_output_s: stats.wait_output_s,
+        decode_s: stats.decode_s,
+        stages: BTreeMap::new(),
+        failures: stats.failures,
+        unlisted: listing.skipped.clone(),
+        stale_temps_removed: stale,
+    };
+    for (k, mut s) in summary_stages {
+        if let Some(x) = stats.stages.get(&k) {
+            s.done = x.done;
+            s.failed = x.failed;
+            s.model_s = x.model_s;
+            s.write_s = x.write_s;
+            s.by_model = x.by_model.clone();
+        }
+        summary.stages.insert(k.name().to_string(), s);
+    }
+    summary.wall_s = t0.elapsed().as_secs_f64();
+    let json = serde_json::to_vec_pretty(&summary).map_err(|e| Error::Config(e.to_string()))?;
+    crate::fsutil::write_atomic(summary_path(output, &tag), &json)?;
+    Ok(summary)
+}
+
+/// What `--merge` did.
+#[derive(Debug, Clone)]
+pub struct MergeReport {
+    /// Per stage.
+    pub stages: BTreeMap<String, MergedStage>,
+    /// The combined summary, when shard summaries were found.
+    pub summary: Option<Summary>,
+}
+
+/// Combines the shard journals of `output` into `<stage>.jsonl` and the shard summaries into
+/// `summary.json`. Run it when no shard is running.
+pub fn merge(output: &Path) -> Result<MergeReport> {
+    if !manifest_dir(output).is_dir() {
+        return Err(Error::Input(format!("{} has no manifests/ directory: not an annotate output", output.display())));
+    }
+    let stages = journal::merge(output)?;
+    let mut shards = Vec::new();
+    let rd = std::fs::read_dir(output).map_err(|e| Error::io(output, e))?;
+    let mut paths: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("summary.shard-") && n.ends_with(".json")))
+        .collect();
+    paths.sort();
+    for p in &paths {
+        let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+        shards.push(serde_json::from_slice::<Summary>(&bytes).map_err(|e| Error::bad_file(p, e.to_string()))?);
+    }
+    let summary = if shards.is_empty() {
+        None
+    } else {
+        let mut m = Summary { shard: format!("merged from {} shard summaries", shards.len()), ..Default::default() };
+        let mut busy_total = 0.0;
+        let mut pipe_total = 0.0;
+        for s in &shards {
+            m.input_dir = s.input_dir.clone();
+            m.output_dir = s.output_dir.clone();
+            m.listed = m.listed.max(s.listed);
+            m.in_shard += s.in_shard;
+            m.processed += s.processed;
+            m.skipped += s.skipped;
+            m.failed += s.failed;
+            m.setup_s = m.setup_s.max(s.setup_s);
+            m.load_s = m.load_s.max(s.load_s);
+            m.pipeline_s = m.pipeline_s.max(s.pipeline_s);
+            m.wall_s = m.wall_s.max(s.wall_s);
+            m.model_busy_s += s.model_busy_s;
+            busy_total += s.model_busy_s;
+            pipe_total += s.pipeline_s;
+            m.wait_input_s += s.wait_input_s;
+            m.wait_output_s += s.wait_output_s;
+            m.decode_s += s.decode_s;
+            m.stale_temps_removed += s.stale_temps_removed;
+            m.failures.extend(s.failures.iter().cloned());
+            for (k, st) in &s.stages {
+                let e = m.stages.entry(k.clone()).or_default();
+                e.done += st.done;
+                e.skipped += st.skipped;
+                e.failed += st.failed;
+                e.skipped_failed += st.skipped_failed;
+                e.model_s += st.model_s;
+                e.write_s += st.write_s;
+                for (mm, c) in &st.by_model {
+                    *e.by_model.entry(mm.clone()).or_default() += c;
+                }
+            }
+        }
+        m.images_per_s = if m.pipeline_s > 0.0 { m.processed as f64 / m.pipeline_s } else { 0.0 };
+        m.model_busy_fraction = if pipe_total > 0.0 { busy_total / pipe_total } else { 0.0 };
+        let json = serde_json::to_vec_pretty(&m).map_err(|e| Error::Config(e.to_string()))?;
+        crate::fsutil::write_atomic(summary_path(output, ""), &json)?;
+        Some(m)
+    };
+    Ok(MergeReport { stages, summary })
+}

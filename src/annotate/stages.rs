@@ -1,0 +1,285 @@
+//! The model stages behind one trait, and the ordered fallback chain that runs them.
+//!
+//! A stage turns a batch of RGB images into one [`Prediction`] per image. A [`ModelChain`] holds a
+//! stage's primary model and its fallbacks: the first model that loads is used; when a batch fails,
+//! its images are retried one by one, and an image that still fails moves on to the next model.
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+use image::RgbImage;
+
+use super::config::{Config, ModelSpec, StageKind};
+use crate::error::{Error, Result};
+use crate::models::segformer::{ClassMap, Segmenter};
+use crate::tasks::depth::DepthEstimator;
+
+/// The class names, palette and PNG metadata of a segmentation model's output.
+#[derive(Debug)]
+pub struct ClassInfo {
+    /// Output classes and palette.
+    pub map: ClassMap,
+    /// The `edgerun:classes` metadata JSON.
+    pub metadata: String,
+}
+
+/// One image's result.
+#[derive(Debug)]
+pub enum Prediction {
+    /// A float map at the image's size (depth, CHM).
+    Float {
+        /// Rows.
+        height: usize,
+        /// Columns.
+        width: usize,
+        /// Row-major values.
+        values: Vec<f32>,
+    },
+    /// uint8 class ids at the image's size.
+    Classes {
+        /// Rows.
+        height: usize,
+        /// Columns.
+        width: usize,
+        /// Row-major class ids.
+        ids: Vec<u8>,
+        /// What the ids mean.
+        classes: Arc<ClassInfo>,
+    },
+}
+
+impl Prediction {
+    /// `(height, width)`.
+    pub fn size(&self) -> (usize, usize) {
+        match self {
+            Prediction::Float { height, width, .. } | Prediction::Classes { height, width, .. } => (*height, *width),
+        }
+    }
+}
+
+/// A loaded model stage.
+pub trait Stage {
+    /// One prediction per image, in order.
+    fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>>;
+}
+
+struct DepthStage(DepthEstimator);
+
+impl Stage for DepthStage {
+    fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
+        Ok(self
+            .0
+            .predict(images, images.len().max(1))?
+            .into_iter()
+            .map(|d| Prediction::Float { height: d.height, width: d.width, values: d.values })
+            .collect())
+    }
+}
+
+struct SegStage {
+    seg: Segmenter,
+    classes: Arc<ClassInfo>,
+}
+
+impl Stage for SegStage {
+    fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
+        let masks = self.seg.segment(images)?;
+        images
+            .iter()
+            .zip(masks)
+            .map(|(im, ids)| {
+                Ok(Prediction::Classes {
+                    height: im.height() as usize,
+                    width: im.width() as usize,
+                    ids: self.classes.map.apply(&ids)?,
+                    classes: self.classes.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Devices opened so far, shared by stages that name the same one.
+#[derive(Default)]
+pub struct Devices(HashMap<String, Device>);
+
+impl Devices {
+    /// The device for a `--device` spec.
+    pub fn get(&mut self, spec: &str) -> Result<Device> {
+        if let Some(d) = self.0.get(spec) {
+            return Ok(d.clone());
+        }
+        let d = crate::device::parse_device(spec)?;
+        self.0.insert(spec.to_string(), d.clone());
+        Ok(d)
+    }
+}
+
+/// Loads one model of a stage.
+pub fn load_stage(kind: StageKind, spec: &ModelSpec, cfg: &Config, devices: &mut Devices) -> Result<Box<dyn Stage>> {
+    let device = devices.get(&spec.device)?;
+    let dtype: DType = crate::device::parse_dtype(&spec.dtype)?;
+    if !spec.path.exists() {
+        return Err(Error::Config(format!("model {} does not exist", spec.path.display())));
+    }
+    match kind {
+        StageKind::Depth => Ok(Box::new(DepthStage(DepthEstimator::load(&spec.path, &device, dtype)?))),
+        StageKind::Segmentation => {
+            let mut seg = Segmenter::load(&spec.path, &device, dtype)?;
+            if let [h, w] = cfg.segmentation.input_size[..] {
+                seg.set_input_size(Some((h, w)));
+            }
+            let map = if cfg.segmentation.classes.trim().is_empty() {
+                ClassMap::identity(seg.labels())?
+            } else {
+                ClassMap::load(&cfg.resolve(&cfg.segmentation.classes), seg.labels())?
+            };
+            let metadata = map.metadata_json();
+            Ok(Box::new(SegStage { seg, classes: Arc::new(ClassInfo { map, metadata }) }))
+        }
+        StageKind::Chm => Err(Error::Config(
+            "the chm stage is not available in this build (the canopy-height task has not landed yet)".into(),
+        )),
+        StageKind::Edges => Err(Error::Config("edges has no model".into())),
+    }
+}
+
+enum Slot {
+    Unloaded,
+    Ready(Box<dyn Stage>),
+    Broken(String),
+}
+
+/// A stage's models in fallback order.
+pub struct ModelChain {
+    kind: StageKind,
+    specs: Vec<ModelSpec>,
+    slots: Vec<Slot>,
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".into()
+    }
+}
+
+/// Runs a stage, turning errors, panics and wrong result counts or sizes into an error message.
+fn guarded(stage: &dyn Stage, images: &[&RgbImage]) -> std::result::Result<Vec<Prediction>, String> {
+    let r = catch_unwind(AssertUnwindSafe(|| stage.predict(images))).map_err(|p| format!("panicked: {}", panic_message(p)))?;
+    let preds = r.map_err(|e| e.to_string())?;
+    if preds.len() != images.len() {
+        return Err(format!("returned {} results for {} images", preds.len(), images.len()));
+    }
+    for (p, im) in preds.iter().zip(images) {
+        if p.size() != (im.height() as usize, im.width() as usize) {
+            return Err(format!("returned a {:?} map for a {}×{} image", p.size(), im.width(), im.height()));
+        }
+    }
+    Ok(preds)
+}
+
+impl ModelChain {
+    /// The chain of a model stage as configured (nothing loaded yet).
+    pub fn new(kind: StageKind, cfg: &Config) -> Result<Self> {
+        let specs = cfg.model_chain(kind)?;
+        let slots = specs.iter().map(|_| Slot::Unloaded).collect();
+        Ok(ModelChain { kind, specs, slots })
+    }
+
+    /// The stage.
+    pub fn kind(&self) -> StageKind {
+        self.kind
+    }
+
+    /// The journal name of model `i`.
+    pub fn model_name(&self, i: usize) -> &str {
+        &self.specs[i].name
+    }
+
+    fn load(&mut self, i: usize, cfg: &Config, devices: &mut Devices, warn: &mut dyn FnMut(String)) -> bool {
+        if let Slot::Unloaded = self.slots[i] {
+            self.slots[i] = match load_stage(self.kind, &self.specs[i], cfg, devices) {
+                Ok(s) => Slot::Ready(s),
+                Err(e) => {
+                    let m = e.to_string();
+                    warn(format!("{}: cannot load model {}: {m}", self.kind.name(), self.specs[i].name));
+                    Slot::Broken(m)
+                }
+            };
+        }
+        matches!(self.slots[i], Slot::Ready(_))
+    }
+
+    /// Loads models in order until one loads (the one batches go to first); errors when none does.
+    pub fn load_primary(&mut self, cfg: &Config, devices: &mut Devices, warn: &mut dyn FnMut(String)) -> Result<usize> {
+        for i in 0..self.specs.len() {
+            if self.load(i, cfg, devices, warn) {
+                return Ok(i);
+            }
+        }
+        let why: Vec<String> = self
+            .specs
+            .iter()
+            .zip(&self.slots)
+            .map(|(s, slot)| format!("{}: {}", s.name, if let Slot::Broken(m) = slot { m.as_str() } else { "not loaded" }))
+            .collect();
+        Err(Error::Config(format!("no {} model could be loaded ({})", self.kind.name(), why.join("; "))))
+    }
+
+    /// Predicts for every image: `(prediction, model index)` or the reasons every model failed.
+    pub fn predict(
+        &mut self,
+        images: &[&RgbImage],
+        cfg: &Config,
+        devices: &mut Devices,
+        warn: &mut dyn FnMut(String),
+    ) -> Vec<std::result::Result<(Prediction, usize), String>> {
+        let n = images.len();
+        let mut out: Vec<Option<(Prediction, usize)>> = (0..n).map(|_| None).collect();
+        let mut reasons: Vec<Vec<String>> = vec![Vec::new(); n];
+        let mut first = true;
+        for m in 0..self.specs.len() {
+            let todo: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            if !self.load(m, cfg, devices, warn) {
+                continue;
+            }
+            let Slot::Ready(stage) = &self.slots[m] else { continue };
+            let name = &self.specs[m].name;
+            // The first working model gets the whole batch; after a failure, images go one at a time.
+            if first && todo.len() > 1 {
+                match guarded(stage.as_ref(), images) {
+                    Ok(preds) => {
+                        for (i, p) in preds.into_iter().enumerate() {
+                            out[i] = Some((p, m));
+                        }
+                        continue;
+                    }
+                    Err(e) => warn(format!("{}: model {name} failed on a batch of {n} ({e}); retrying one by one", self.kind.name())),
+                }
+            }
+            first = false;
+            for i in todo {
+                match guarded(stage.as_ref(), &images[i..i + 1]) {
+                    Ok(mut p) => out[i] = p.pop().map(|p| (p, m)),
+                    Err(e) => reasons[i].push(format!("{name}: {e}")),
+                }
+            }
+        }
+        out.into_iter()
+            .zip(reasons)
+            .map(|(o, r)| match o {
+                Some(x) => Ok(x),
+                None if r.is_empty() => Err("no model of this stage could be loaded".into()),
+                None => Err(r.join("; ")),
+            })
+            .collect()
+    }
+}

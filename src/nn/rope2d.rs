@@ -1,0 +1,97 @@
+//! 2-D rotary position embedding of VGGT / Depth Anything 3 (`RotaryPositionEmbedding2D`).
+//!
+//! Each head vector is split in halves: the first half rotates with the token's row (y), the second
+//! with its column (x). Within a half of width `d`, frequency `k < d/2` is `base^(-2k/d)`, the angle
+//! table is `cat(θ, θ)` and `x' = x·cos + rotate_half(x)·sin` with `rotate_half([a, b]) = [−b, a]`.
+//! The tables are computed in f32 as the reference does.
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+
+/// Per-token cos/sin tables `[N, head_dim]` for a fixed token order.
+#[derive(Debug, Clone)]
+pub struct Rope2d {
+    cos: Tensor,
+    sin: Tensor,
+    head_dim: usize,
+}
+
+impl Rope2d {
+    /// Tables for explicit `(y, x)` token positions.
+    pub fn new(positions: &[(usize, usize)], head_dim: usize, base: f32, dtype: DType, device: &Device) -> Result<Self> {
+        if head_dim == 0 || head_dim % 4 != 0 {
+            return Err(Error::Config(format!("2-D RoPE needs a head dimension divisible by 4, got {head_dim}")));
+        }
+        let half = head_dim / 2;
+        let quarter = half / 2;
+        let inv: Vec<f32> = (0..quarter).map(|k| 1.0 / base.powf((2 * k) as f32 / half as f32)).collect();
+        let n = positions.len();
+        let mut cos = vec![0f32; n * head_dim];
+        let mut sin = vec![0f32; n * head_dim];
+        for (t, &(y, x)) in positions.iter().enumerate() {
+            for (part, p) in [(0, y), (1, x)] {
+                for (k, f) in inv.iter().enumerate() {
+                    let a = p as f32 * f;
+                    let (s, c) = (a.sin(), a.cos());
+                    for j in [k, k + quarter] {
+                        cos[t * head_dim + part * half + j] = c;
+                        sin[t * head_dim + part * half + j] = s;
+                    }
+                }
+            }
+        }
+        let cos = Tensor::from_vec(cos, (n, head_dim), device)?.to_dtype(dtype)?;
+        let sin = Tensor::from_vec(sin, (n, head_dim), device)?.to_dtype(dtype)?;
+        Ok(Rope2d { cos, sin, head_dim })
+    }
+
+    /// A `ph`×`pw` patch grid at positions `(y + 1, x + 1)` (row-major) after `prefix` tokens at `(0, 0)`;
+    /// with `uniform`, every patch is at `(1, 1)` (the reference's `pos_nodiff` for global attention).
+    /// The whole sequence is repeated `views` times (tokens of several views concatenated).
+    pub fn grid(ph: usize, pw: usize, prefix: usize, views: usize, uniform: bool, head_dim: usize, base: f32, dtype: DType, device: &Device) -> Result<Self> {
+        let mut pos = Vec::with_capacity(views * (prefix + ph * pw));
+        for _ in 0..views {
+            pos.extend(std::iter::repeat_n((0, 0), prefix));
+            for y in 0..ph {
+                for x in 0..pw {
+                    pos.push(if uniform { (1, 1) } else { (y + 1, x + 1) });
+                }
+            }
+        }
+        Self::new(&pos, head_dim, base, dtype, device)
+    }
+
+    /// Rotates `x` `[B, H, N, head_dim]` whose N tokens follow this table's order.
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let (b, h, n, d) = x.dims4()?;
+        if d != self.head_dim || n != self.cos.dim(0)? {
+            return Err(Error::Input(format!("RoPE table is {:?}, tokens are {:?}", self.cos.dims(), x.dims())));
+        }
+        let q = d / 4;
+        let parts = x.reshape((b, h, n, 4, q))?;
+        let p = |i: usize| parts.narrow(3, i, 1);
+        let rot = Tensor::cat(&[p(1)?.neg()?, p(0)?, p(3)?.neg()?, p(2)?], 3)?.reshape((b, h, n, d))?;
+        Ok((x.broadcast_mul(&self.cos)? + rot.broadcast_mul(&self.sin)?)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::D;
+
+    #[test]
+    fn position_zero_is_identity_and_norm_is_kept() {
+        let dev = Device::Cpu;
+        let r = Rope2d::grid(2, 3, 1, 1, false, 8, 100.0, DType::F32, &dev).unwrap();
+        let x = Tensor::arange(0f32, (7 * 8) as f32, &dev).unwrap().reshape((1, 1, 7, 8)).unwrap();
+        let y = r.apply(&x).unwrap();
+        let first = y.narrow(2, 0, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(first, (0..8).map(|v| v as f32).collect::<Vec<_>>());
+        let nx = x.sqr().unwrap().sum(D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let ny = y.sqr().unwrap().sum(D::Minus1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for (a, b) in nx.iter().zip(&ny) {
+            assert!((a - b).abs() <= 1e-3 * a.max(1.0), "{a} vs {b}");
+        }
+    }
+}

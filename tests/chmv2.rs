@@ -1,0 +1,213 @@
+//! Parity of CHMv2 (DINOv3 ViT + DPT head) against transformers 5.24 fixtures.
+mod common;
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use common::*;
+use edgerun::models::chmv2::{Chmv2, FeaturesToDepth};
+use edgerun::nn::rope;
+use edgerun::weights::{Vb, WeightStore};
+
+fn load(name: &str, dtype: DType) -> Chmv2 {
+    let dir = fixture(name);
+    let store = Arc::new(WeightStore::open(&dir).unwrap_or_else(|e| panic!("open {name}: {e}")));
+    let cfg = store.config().clone();
+    Chmv2::load(&Vb::new(store, dtype, Device::Cpu), &cfg).unwrap_or_else(|e| panic!("load {name}: {e}"))
+}
+
+fn parity(name: &str) {
+    let dir = fixture(name);
+    let inputs = tensors(&dir, "input.safetensors");
+    let expected = tensors(&dir, "expected.safetensors");
+    let x = &inputs["pixel_values"];
+    let model = load(name, DType::F32);
+
+    // RoPE tables (patch tokens) exactly as transformers builds them.
+    let (_, _, h, w) = x.dims4().unwrap();
+    let p = model.patch_size();
+    let cfg = model.backbone().config();
+    let (cos, sin) = rope::tables(h / p, w / p, cfg.head_dim(), cfg.rope_theta).unwrap();
+    let n = (h / p) * (w / p);
+    let as_t = |v: Vec<f32>| Tensor::from_vec(v, (n, cfg.head_dim()), &Device::Cpu).unwrap();
+    assert_close(&format!("{name} rope_cos"), &as_t(cos), &expected["rope_cos"], 1e-6);
+    assert_close(&format!("{name} rope_sin"), &as_t(sin), &expected["rope_sin"], 1e-6);
+
+    let (emb, _, _) = model.backbone().embed(x).unwrap();
+    assert_close(&format!("{name} embeddings"), &emb, &expected["embeddings"], F32_REL);
+    let feats = model.backbone().forward_features(x).unwrap();
+    for (i, m) in feats.maps.iter().enumerate() {
+        assert_close(&format!("{name} feature_maps.{i}"), m, &expected[&format!("feature_maps.{i}")], F32_REL);
+    }
+    for (i, c) in feats.cls.iter().enumerate() {
+        assert_close(&format!("{name} cls_tokens.{i}"), c, &expected[&format!("cls_tokens.{i}")], F32_REL);
+    }
+    let logits = model.head_logits(x).unwrap();
+    if let Some(want) = expected.get("head_logits") {
+        assert_close(&format!("{name} head_logits"), &logits, want, F32_REL);
+    } else {
+        let got = logits.narrow(1, 0, 2).unwrap();
+        assert_close(&format!("{name} head_logits[:, :2]"), &got, &expected["head_logits_first2"], F32_REL);
+    }
+    let depth = model.features_to_depth().forward(&logits).unwrap();
+    assert_close(&format!("{name} predicted_depth"), &depth, &expected["predicted_depth"], F32_REL);
+
+    // Through the registry / `Model` trait, as `edgerun forward` runs it.
+    let m = load_model(&dir, DType::F32);
+    assert_eq!(m.architecture(), "chmv2");
+    let out = m.forward_named(&inputs).expect("forward");
+    assert_close(&format!("{name} (registry)"), &out["predicted_depth"], &expected["predicted_depth"], F32_REL);
+}
+
+#[test]
+fn tiny_transformers_test_config() {
+    parity("chmv2_tiny");
+}
+
+#[test]
+fn registers_four_levels_non_power_of_two_grid() {
+    parity("chmv2_reg4");
+}
+
+#[test]
+fn gated_mlp_missing_key_bias_readout_add_log_softmax() {
+    parity("chmv2_gated");
+}
+
+#[test]
+fn bins_and_norm_strategies() {
+    let dir = fixture("chmv2_bins");
+    let e = tensors(&dir, "expected.safetensors");
+    let f = FeaturesToDepth::new("chmv2_mixlog", "chmv2_mixlog", 0.001, 96.0).unwrap();
+    let bins = Tensor::from_vec(f.bins(16), 16, &Device::Cpu).unwrap();
+    assert_close("mixlog bins", &bins, &e["mixlog_bins"], 1e-6);
+    for b in ["linear", "log", "chmv2_mixlog"] {
+        for n in ["linear", "softmax", "sigmoid", "chmv2_mixlog"] {
+            let f = FeaturesToDepth::new(b, n, 0.001, 96.0).unwrap();
+            let got = f.forward(&e["logits"]).unwrap();
+            assert_close(&format!("{b}.{n}"), &got, &e[&format!("{b}.{n}")].squeeze(1).unwrap(), F32_REL);
+        }
+    }
+    let f = FeaturesToDepth::new("chmv2_mixlog", "chmv2_mixlog", 0.25, 96.0).unwrap();
+    let got = f.forward(&e["logits_one_bin"]).unwrap();
+    assert_close("one bin", &got, &e["one_bin"].squeeze(1).unwrap(), F32_REL);
+}
+
+#[test]
+fn unknown_strategies_are_config_errors() {
+    for (b, n) in [("cubic", "linear"), ("linear", "argmax")] {
+        let e = FeaturesToDepth::new(b, n, 0.001, 96.0).unwrap_err();
+        assert!(matches!(e, edgerun::Error::Config(_)), "{e}");
+        assert!(e.to_string().contains(if b == "cubic" { "cubic" } else { "argmax" }), "{e}");
+    }
+    assert!(FeaturesToDepth::new("log", "linear", 0.0, 96.0).is_err());
+}
+
+/// Half-precision compute on the fixtures: finite, and the error against the f32 reference.
+#[test]
+fn reduced_precision_stays_finite() {
+    use edgerun::models::chmv2::Precision;
+    for name in ["chmv2_tiny", "chmv2_reg4", "chmv2_gated"] {
+        let dir = fixture(name);
+        let inputs = tensors(&dir, "input.safetensors");
+        let expected = tensors(&dir, "expected.safetensors");
+        let store = Arc::new(WeightStore::open(&dir).unwrap());
+        let cfg = store.config().clone();
+        // (Candle's CPU backend has no bf16 matmul/conv, so bf16 is a GPU-only option.)
+        for (label, p) in [
+            ("f16", Precision::uniform(DType::F16)),
+            ("f32 backbone + f16 head", Precision { backbone: DType::F32, head: DType::F16 }),
+            ("f16 backbone + f32 head", Precision { backbone: DType::F16, head: DType::F32 }),
+        ] {
+            let m = Chmv2::load_with(&Vb::new(store.clone(), DType::F32, Device::Cpu), &cfg, p).unwrap();
+            let got = m.forward(&inputs["pixel_values"]).unwrap();
+            let (err, max_ref) = errors(&got, &expected["predicted_depth"]);
+            eprintln!("{name} {label}: max abs error {err:.4} m (max|ref| {max_ref:.2})");
+            assert!(err <= 0.05 * max_ref.max(1.0), "{name} {label}: {err}");
+        }
+    }
+}
+
+mod preprocess {
+    use super::common::*;
+    use candle_core::{Device, Tensor};
+    use edgerun::imageio::{load_rgb, ImageLimits};
+    use edgerun::tasks::chm::{centre_pad, resize_back, ChmPreprocess};
+
+    fn image(name: &str) -> image::RgbImage {
+        load_rgb(&fixture("chmv2_preprocess").join(name), &ImageLimits::default()).unwrap()
+    }
+
+    #[test]
+    fn normalise_and_centre_pad_match_the_processor() {
+        let dir = fixture("chmv2_preprocess");
+        let e = tensors(&dir, "expected.safetensors");
+        let pre = ChmPreprocess::for_model(&dir).unwrap();
+        assert!(!pre.do_resize && pre.do_pad && pre.size_divisor == 16);
+        for tag in ["pad", "exact"] {
+            let got = pre.pixel_values(&image(&format!("image_{tag}.png")), &Device::Cpu).unwrap();
+            assert_close(&format!("pixel_values_{tag}"), &got, &e[&format!("pixel_values_{tag}")], 1e-5);
+        }
+        assert_eq!(pre.input_size(37, 50), (48, 64));
+        assert_eq!(centre_pad(37, 16), (5, 6));
+        assert_eq!(centre_pad(50, 16), (7, 7));
+        assert_eq!(centre_pad(32, 16), (0, 0));
+    }
+
+    #[test]
+    fn optional_resize_is_within_one_level_of_torchvision() {
+        let dir = fixture("chmv2_preprocess");
+        let e = tensors(&dir, "expected.safetensors");
+        let pre = ChmPreprocess::from_file(&dir.join("preprocessor_config_resize.json")).unwrap();
+        let got = pre.pixel_values(&image("image_pad.png"), &Device::Cpu).unwrap();
+        let (err, _) = errors(&got, &e["pixel_values_pad_resize"]);
+        let one_level = 1.0 / 255.0 / 0.143 + 1e-4;
+        eprintln!("resize vs torchvision: max abs error {err:e} (one level {one_level:e})");
+        assert!(err <= one_level, "{err}");
+    }
+
+    #[test]
+    fn output_resize_is_bilinear_align_corners() {
+        let e = tensors(&fixture("chmv2_preprocess"), "expected.safetensors");
+        let d = &e["post_depth"];
+        for (i, (oh, ow)) in [(37usize, 50usize), (100, 61)].into_iter().enumerate() {
+            let v = d.get(i).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let got = Tensor::from_vec(resize_back(&v, 48, 64, oh, ow).unwrap(), (oh, ow), &Device::Cpu).unwrap();
+            assert_close(&format!("post_{i}"), &got, &e[&format!("post_{i}")], 1e-5);
+        }
+    }
+}
+
+#[test]
+fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
+    use candle_core::quantized::GgmlDType;
+    use edgerun::quantize::{quantize, Recipe};
+    // chmv2_tiny: width 32, so its matrices fit Q8_0's 32-blocks (chmv2_reg4's 24 does not).
+    let dir = fixture("chmv2_tiny");
+    let recipe = Recipe::builtin("chmv2").unwrap().expect("built-in chmv2 recipe");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("chmv2_q8.gguf");
+    let mut quantized = Vec::new();
+    quantize(&dir, &out, GgmlDType::Q8_0, &recipe, |r| {
+        if r.dtype == GgmlDType::Q8_0 {
+            quantized.push(r.name.clone());
+        }
+    })
+    .unwrap();
+    assert!(quantized.iter().any(|n| n.contains("attention.q_proj.weight")), "{quantized:?}");
+    assert!(quantized.iter().any(|n| n.contains("readout_projects")), "{quantized:?}");
+    assert!(!quantized.iter().any(|n| n.contains("conv") || n.contains("norm")), "{quantized:?}");
+    let inputs = tensors(&dir, "input.safetensors");
+    let expected = tensors(&dir, "expected.safetensors");
+    let store = Arc::new(WeightStore::open(&out).unwrap());
+    let cfg = store.config().clone();
+    let m = Chmv2::load(&Vb::new(store, DType::F32, Device::Cpu), &cfg).unwrap();
+    // Bin logits are the quantity to bound: with random weights most of this tiny model's pixels have
+    // near-zero ReLU'd bin mass, where the mixlog normalisation turns tiny logit changes into metres.
+    let logits = m.head_logits(&inputs["pixel_values"]).unwrap();
+    let (err, max_ref) = errors(&logits, &expected["head_logits"]);
+    eprintln!("chmv2_tiny Q8_0 GGUF: head logits max abs error {err:.4} (max|ref| {max_ref:.2})");
+    assert!(err <= 0.05 * max_ref, "{err}");
+    let depth = m.features_to_depth().forward(&logits).unwrap();
+    assert!(depth.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_finite()));
+}
