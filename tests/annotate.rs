@@ -294,6 +294,8 @@ fn fallback_models_are_used_and_recorded() {
     std::fs::write(broken.join("config.json"), b"{ not json").unwrap();
     let mut cfg = config(&m, 2);
     cfg.stages = vec![StageKind::Depth];
+    // A budget below one batch: batches then go through one at a time (never a deadlock).
+    cfg.memory_mb = 1;
     let good = cfg.depth.model.clone();
     cfg.depth.model = broken.to_string_lossy().into_owned();
     cfg.depth.fallback = vec![edgerun::annotate::config::ModelRef::Path(good.clone())];
@@ -503,4 +505,77 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
         // Since the last fresh start every item is recorded exactly once.
         assert!(recs.len() <= n_items, "{st:?}: {} records for {n_items} items", recs.len());
     }
+}
+
+#[test]
+fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    std::fs::create_dir_all(input.join("tiles")).unwrap();
+    for f in ["scene.tif", "rotated_be.tif", "plain.png"] {
+        std::fs::copy(fixture("chmv2_geotiff").join(f), input.join("tiles").join(f)).unwrap();
+    }
+    let mut cfg = Config { stages: vec![StageKind::Chm], device: "cpu".into(), batch: 2, ..Default::default() };
+    cfg.chm.model = fixture("chmv2_tiny").to_string_lossy().into_owned();
+    cfg.chm.visualize = true;
+    cfg.progress.mode = "none".into();
+    let out = t.path().join("out");
+    let s = annotate::run(&opts(&cfg, &input, &out)).unwrap();
+    assert_eq!((s.processed, s.failed), (3, 0), "{}", s.render());
+    let est = edgerun::tasks::chm::ChmEstimator::load(
+        &fixture("chmv2_tiny"),
+        &candle_core::Device::Cpu,
+        edgerun::models::chmv2::Precision::uniform(candle_core::DType::F32),
+    )
+    .unwrap();
+    for stem in ["scene", "rotated_be", "plain"] {
+        let src = input.join("tiles").join(if stem == "plain" { "plain.png".to_string() } else { format!("{stem}.tif") });
+        let img = image::open(&src).unwrap().into_rgb8();
+        let ((h, w), v) = npy(&out.join(format!("chm/tiles/{stem}.npy")));
+        assert_eq!((h, w), (img.height() as usize, img.width() as usize));
+        let want = est.predict(&[&img], &["x".into()], 1).unwrap().remove(0);
+        let want16: Vec<f32> = want.values.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect();
+        assert_eq!(v, want16, "{stem}");
+        assert!(out.join(format!("chm/tiles/{stem}.viz.png")).is_file());
+        let tif = out.join(format!("chm/tiles/{stem}.tif"));
+        let geo_in = edgerun::geotiff::GeoReference::read(&src).unwrap();
+        assert_eq!(tif.is_file(), geo_in.is_some(), "{stem}: GeoTIFF only for georeferenced inputs");
+        if let Some(g) = geo_in {
+            let g_out = edgerun::geotiff::GeoReference::read(&tif).unwrap().expect("output is georeferenced");
+            assert_eq!(g_out.tags, g.tags, "{stem}: georeferencing tags");
+        }
+    }
+    let recs = read_records(&journal_path(&out, StageKind::Chm, "")).unwrap();
+    let scene = recs.iter().find(|r| r.input == "tiles/scene.tif").unwrap();
+    assert_eq!(scene.outputs, vec!["chm/tiles/scene.npy", "chm/tiles/scene.tif", "chm/tiles/scene.viz.png"]);
+}
+
+#[test]
+fn content_fingerprints_survive_mtime_changes_and_catch_content_changes() {
+    let t = tempfile::tempdir().unwrap();
+    let m = models(&t.path().join("models"));
+    let input = t.path().join("in");
+    image_tree(&input, 3);
+    let mut cfg = config(&m, 2);
+    cfg.stages = vec![StageKind::Depth];
+    cfg.fingerprint = edgerun::annotate::Fingerprint::Content;
+    let out = t.path().join("out");
+    annotate::run(&opts(&cfg, &input, &out)).unwrap();
+    let rec = &read_records(&journal_path(&out, StageKind::Depth, "")).unwrap()[0];
+    assert!(rec.hash.as_deref().is_some_and(|h| h.starts_with("xxh64:") && h.len() == 22), "{rec:?}");
+    // Same bytes, new mtime (a copy that did not preserve times): still done.
+    let f = input.join("img_000.png");
+    std::fs::File::options().write(true).open(&f).unwrap().set_modified(std::time::SystemTime::now() - Duration::from_secs(7)).unwrap();
+    let mut o = opts(&cfg, &input, &out);
+    o.rescan = true;
+    assert_eq!(annotate::run(&o).unwrap().processed, 0);
+    // Different bytes, same size and the very same mtime (invisible to "mtime"): redone.
+    let md = std::fs::metadata(&f).unwrap();
+    let mut bytes = std::fs::read(&f).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&f, &bytes).unwrap();
+    std::fs::File::options().write(true).open(&f).unwrap().set_modified(md.modified().unwrap()).unwrap();
+    let s = annotate::run(&o).unwrap();
+    assert_eq!(s.processed, 1, "{}", s.render());
 }

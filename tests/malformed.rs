@@ -217,7 +217,10 @@ fn small_gguf() -> G {
 }
 
 /// A valid GGUF written by edgerun's own writer: f32, f16, q8_0 and q4_0 tensors plus the config.
-fn valid_gguf_with(big: usize) -> (Vec<u8>, Vec<(String, Vec<usize>, Vec<f32>)>) {
+/// Name, shape and the f32 values a tensor was written from.
+type Written = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+fn valid_gguf_with(big: usize) -> (Vec<u8>, Written) {
     let dev = Device::Cpu;
     let mut specs: Vec<(String, Vec<usize>, GgmlDType)> = vec![
         ("norm.weight".into(), vec![5], GgmlDType::F32),
@@ -980,4 +983,12 @@ fn write_fuzz_seeds() {
     for (i, f) in sts.iter().chain(&ggufs).enumerate() {
         write(&root.join("store_load"), &format!("seed{i}"), f);
     }
+}
+
+#[test]
+fn metadata_summary_elides_long_multibyte_strings() {
+    let s = MetaValue::String("€".repeat(50)).summary();
+    assert!(s.contains("(150 bytes)") && s.contains(&"€".repeat(33)) && !s.contains(&"€".repeat(34)), "{s}");
+    let arr = MetaValue::Array((0..20).map(MetaValue::U8).collect()).summary();
+    assert_eq!(arr, "[20 elements]");
 }

@@ -1,14 +1,20 @@
 //! Writes the input to a temporary file (as `.gguf` or `.safetensors`, chosen by its first bytes),
 //! opens it through `WeightStore::open` and loads every tensor: errors are fine, panics are not.
 #![no_main]
+use std::sync::LazyLock;
+
 use candle_core::{DType, Device};
 use edgerun::weights::WeightStore;
 use libfuzzer_sys::fuzz_target;
 
+// One directory per fuzzing process, reused (and the file overwritten) on every input; on tmpfs when
+// there is one, since ext4 flushes a file that is truncated and rewritten on close.
+static DIR: LazyLock<tempfile::TempDir> =
+    LazyLock::new(|| tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).expect("temp dir"));
+
 fuzz_target!(|data: &[u8]| {
-    let Ok(dir) = tempfile::tempdir() else { return };
     let name = if data.starts_with(b"GGUF") { "model.gguf" } else { "model.safetensors" };
-    let path = dir.path().join(name);
+    let path = DIR.path().join(name);
     if std::fs::write(&path, data).is_err() {
         return;
     }

@@ -134,6 +134,9 @@ pub struct ModelStage {
     /// CHM: also write a GeoTIFF `<name>.tif` when the input is georeferenced.
     #[serde(default = "yes")]
     pub geotiff: bool,
+    /// CHM: compute dtype of the DPT head when it should differ from `dtype` (e.g. f16 backbone, f32 head).
+    #[serde(default)]
+    pub head_dtype: Option<String>,
 }
 
 /// Settings of the edges stage.
@@ -276,6 +279,7 @@ fn model_stage(model: &str) -> ModelStage {
         classes: String::new(),
         input_size: vec![],
         geotiff: true,
+        head_dtype: None,
     }
 }
 fn depth_stage() -> ModelStage { model_stage("models/depth-anything-v2-small") }
@@ -354,7 +358,8 @@ write_threads = 2
 # How an input is recognised on resume: "mtime" (size + modification time) or "content"
 # (size + xxh64 of the bytes; survives copies that reset mtimes, but reads every new input once).
 fingerprint = "mtime"
-# Input file extensions (case-insensitive). Other files are ignored.
+# Input file extensions (case-insensitive). Other files, and hidden files and directories (names
+# starting with "."), are ignored; so is the output directory when it lies inside the input.
 extensions = ["png", "jpg", "jpeg", "tif", "tiff"]
 
 [journal]
@@ -404,7 +409,8 @@ model = "models/chm"
 fallback = []
 format = "f16"
 visualize = false
-geotiff = true        # also write <name>.tif when the input is georeferenced
+geotiff = true        # also write <name>.tif (float32, the input's georeferencing) for GeoTIFF inputs
+# head_dtype = "f32"  # DPT-head dtype when it should differ from dtype (e.g. dtype = "f16" on a GPU)
 "#;
 
 impl Config {
@@ -543,6 +549,9 @@ impl Config {
             if k.has_model() {
                 for m in self.model_chain(k)? {
                     crate::device::parse_dtype(&m.dtype).map_err(|e| Error::Config(format!("[{}] {}: {e}", k.name(), m.name)))?;
+                }
+                if let Some(h) = self.model_stage(k).and_then(|s| s.head_dtype.as_deref()) {
+                    crate::device::parse_dtype(h).map_err(|e| Error::Config(format!("[{}] head_dtype: {e}", k.name())))?;
                 }
             }
         }

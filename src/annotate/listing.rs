@@ -1,8 +1,9 @@
 //! The input list: a sorted recursive listing of image files, cached in the output directory and
 //! rebuilt only when a directory of the input tree changed (directory mtimes), or on `--rescan`.
 //!
-//! A file rewritten in place (same name, no directory entry change) is only noticed with `--rescan`;
-//! new, removed and renamed files (including atomic replace-by-rename) are always noticed.
+//! A file rewritten in place (same name, no directory entry change) is only noticed with `--rescan`
+//! (which, with content fingerprints, also re-hashes every input); new, removed and renamed files
+//! (including atomic replace-by-rename) are always noticed.
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -110,8 +111,10 @@ pub fn list_inputs(
     walk(&root_c, "", &exts, exclude_c.as_deref(), start, &mut dirs, &mut files, &mut skipped, &mut seen)?;
     files.sort_by(|a: &InputFile, b| a.rel.cmp(&b.rel));
     if fingerprint == Fingerprint::Content {
+        // Hashes of unchanged files (same size and mtime) are reused, except on `--rescan`.
         let known: HashMap<(&str, u64, i64), u64> = old
             .as_ref()
+            .filter(|_| !rescan)
             .map(|c| c.files.iter().filter_map(|f| f.hash.map(|h| ((f.rel.as_str(), f.size, f.mtime_ns), h))).collect())
             .unwrap_or_default();
         let hashes: Vec<Option<u64>> = files

@@ -282,6 +282,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         images_per_s: if stats.pipeline_s > 0.0 { todo_items as f64 / stats.pipeline_s } else { 0.0 },
         model_busy_s: stats.model_busy_s,
         model_busy_fraction: if stats.pipeline_s > 0.0 { stats.model_busy_s / stats.pipeline_s } else { 0.0 },
+        model_busy_fraction_wall: 0.0,
         wait_input_s: stats.wait_input_s,
         wait_output_s: stats.wait_output_s,
         decode_s: stats.decode_s,
@@ -301,6 +302,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         summary.stages.insert(k.name().to_string(), s);
     }
     summary.wall_s = t0.elapsed().as_secs_f64();
+    summary.model_busy_fraction_wall = if summary.wall_s > 0.0 { summary.model_busy_s / summary.wall_s } else { 0.0 };
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| Error::Config(e.to_string()))?;
     crate::fsutil::write_atomic(summary_path(output, &tag), &json)?;
     Ok(summary)
@@ -375,6 +377,8 @@ pub fn merge(output: &Path) -> Result<MergeReport> {
         }
         m.images_per_s = if m.pipeline_s > 0.0 { m.processed as f64 / m.pipeline_s } else { 0.0 };
         m.model_busy_fraction = if pipe_total > 0.0 { busy_total / pipe_total } else { 0.0 };
+        let wall_total: f64 = shards.iter().map(|s| s.wall_s).sum();
+        m.model_busy_fraction_wall = if wall_total > 0.0 { busy_total / wall_total } else { 0.0 };
         let json = serde_json::to_vec_pretty(&m).map_err(|e| Error::Config(e.to_string()))?;
         crate::fsutil::write_atomic(summary_path(output, ""), &json)?;
         Some(m)

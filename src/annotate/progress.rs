@@ -90,7 +90,15 @@ impl Progress {
             Mode::Bar => {
                 const W: usize = 28;
                 let fill = (W * self.done.min(self.total)).checked_div(self.total).unwrap_or(W);
-                format!("[{}{}] {}/{} {pct:.0}% {rate:.2} img/s ETA {}{failed}", "#".repeat(fill), ".".repeat(W - fill), self.done, self.total, hms(eta))
+                format!(
+                    "[{}{}] {}/{} {pct:.0}% {rate:.2} img/s {} ETA {}{failed}",
+                    "#".repeat(fill),
+                    ".".repeat(W - fill),
+                    self.done,
+                    self.total,
+                    hms(el),
+                    hms(eta)
+                )
             }
             _ => format!("{}/{} items ({pct:.1}%), {rate:.2} img/s, elapsed {}, ETA {}{failed}", self.done, self.total, hms(el), hms(eta)),
         }
@@ -200,6 +208,8 @@ pub struct Summary {
     pub model_busy_s: f64,
     /// `model_busy_s / pipeline_s`: how much of the pipeline's time the model was busy.
     pub model_busy_fraction: f64,
+    /// `model_busy_s / wall_s` (wall time including listing and model loading).
+    pub model_busy_fraction_wall: f64,
     /// Seconds the inference thread waited for decoded batches.
     pub wait_input_s: f64,
     /// Seconds the inference thread waited for writer capacity (the disk).
@@ -224,25 +234,26 @@ impl Summary {
             self.input_dir, self.output_dir, self.shard, self.in_shard, self.listed, self.processed, self.skipped, self.failed
         );
         for (name, st) in &self.stages {
+            let model = if name == "edges" { format!("{:>9}", "-") } else { format!("{:>8.2}s", st.model_s) };
             s += &format!(
-                "  {name:<13} done {:>6}  skipped {:>6}  failed {:>4}{}  model {:>8.2}s  write {:>7.2}s\n",
+                "  {name:<13} done {:>6}  skipped {:>6}  failed {:>4}{}  model {model}  write {:>7.2}s\n",
                 st.done,
                 st.skipped,
                 st.failed,
                 if st.skipped_failed > 0 { format!(" (+{} earlier)", st.skipped_failed) } else { String::new() },
-                st.model_s,
                 st.write_s
             );
         }
         s += &format!(
-            "  wall {:.2}s (setup {:.2}s, model load {:.2}s, pipeline {:.2}s): {:.2} img/s, model busy {:.0}% of the pipeline time \
-             (waited {:.2}s for input, {:.2}s for the disk)",
+            "  wall {:.2}s (setup {:.2}s, model load {:.2}s, pipeline {:.2}s): {:.2} img/s, model busy {:.0}% of the pipeline \
+             ({:.0}% of the wall) time; it waited {:.2}s for input, {:.2}s for the disk",
             self.wall_s,
             self.setup_s,
             self.load_s,
             self.pipeline_s,
             self.images_per_s,
             100.0 * self.model_busy_fraction,
+            100.0 * self.model_busy_fraction_wall,
             self.wait_input_s,
             self.wait_output_s
         );

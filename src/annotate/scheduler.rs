@@ -20,6 +20,7 @@ use super::listing::InputFile;
 use super::progress::{self, Failure, Progress, StageSummary};
 use super::stages::{Devices, ModelChain, Prediction};
 use crate::edges::sobel_magnitude;
+use crate::geotiff::{write_f32 as write_geotiff_f32, GeoReference};
 use crate::error::{Error, Result};
 use crate::imageio::colormap::colorize;
 use crate::imageio::npy::write_npy_f32;
@@ -201,6 +202,8 @@ struct LoadedItem {
     member: Member,
     image: Option<std::result::Result<RgbImage, String>>,
     depth: Option<std::result::Result<DepthData, String>>,
+    /// The input's georeferencing (CHM GeoTIFF output), when read.
+    geo: Option<std::result::Result<Option<Arc<GeoReference>>, String>>,
 }
 
 #[derive(Clone)]
@@ -216,7 +219,7 @@ struct LoadedChunk {
 }
 
 enum Payload {
-    Float { h: usize, w: usize, values: Arc<Vec<f32>> },
+    Float { h: usize, w: usize, values: Arc<Vec<f32>>, geotiff: Option<(Vec<f32>, Arc<GeoReference>)> },
     Edges(DepthData),
     Classes { h: usize, w: usize, ids: Vec<u8>, classes: Arc<super::stages::ClassInfo> },
 }
@@ -278,6 +281,23 @@ fn as_stored(values: Vec<f32>, f: FloatFormat) -> Vec<f32> {
     }
 }
 
+/// Heights for the GeoTIFF: pixels whose source is the nodata value in every band become nodata
+/// (8-bit sources with an integral nodata in 0..=255), as `edgerun chm` writes them.
+fn nodata_masked(values: &[f32], img: &RgbImage, geo: &GeoReference) -> Vec<f32> {
+    let mut out = values.to_vec();
+    let Some(nd) = geo.nodata() else { return out };
+    if geo.bits_per_sample != 8 || nd.fract() != 0.0 || !(0.0..=255.0).contains(&nd) {
+        return out;
+    }
+    let v = nd as u8;
+    for (o, px) in out.iter_mut().zip(img.pixels()) {
+        if px.0 == [v, v, v] {
+            *o = nd as f32;
+        }
+    }
+    out
+}
+
 /// Bytes in flight per pixel of an input (decoded RGB plus the stages' maps and encodings).
 fn bytes_per_pixel(cfg: &Config) -> u64 {
     let stages = cfg.stage_list();
@@ -292,6 +312,7 @@ fn decode_chunk(x: &View<'_>, job: &ChunkJob, budget: &Arc<Budget>, abort: &Atom
     let bpp = bytes_per_pixel(x.cfg);
     let mut encoded: Vec<Option<std::result::Result<decode::Encoded, String>>> = Vec::with_capacity(job.members.len());
     let mut depths: Vec<Option<std::result::Result<DepthData, String>>> = Vec::with_capacity(job.members.len());
+    let mut geos = Vec::with_capacity(job.members.len());
     let mut est: u64 = 0;
     for m in &job.members {
         let it = &x.items[m.item];
@@ -310,6 +331,10 @@ fn decode_chunk(x: &View<'_>, job: &ChunkJob, budget: &Arc<Budget>, abort: &Atom
             est += d.values.len() as u64 * 12;
         }
         depths.push(d);
+        let want_geo = m.decode && m.pending.has(StageKind::Chm) && x.cfg.chm.geotiff && m.pre_failed.is_none();
+        geos.push(want_geo.then(|| {
+            GeoReference::read(&x.input_root.join(&it.file.rel)).map(|g| g.map(Arc::new)).map_err(|e| format!("cannot read the georeferencing: {e}"))
+        }));
     }
     let permit = Arc::new(budget.acquire(est, abort)?);
     let items = job
@@ -317,10 +342,12 @@ fn decode_chunk(x: &View<'_>, job: &ChunkJob, budget: &Arc<Budget>, abort: &Atom
         .iter()
         .zip(encoded)
         .zip(depths)
-        .map(|((m, e), depth)| LoadedItem {
+        .zip(geos)
+        .map(|(((m, e), depth), geo)| LoadedItem {
             member: m.clone(),
             image: e.map(|r| r.and_then(|enc| decode::decode(&enc, &limits))),
             depth,
+            geo,
         })
         .collect();
     Some(LoadedChunk { items, permit })
@@ -347,9 +374,14 @@ fn write_job(cfg: &Config, output: &Path, stem: &str, job: &WriteJob) -> std::re
     let viz = output_rel(stage, stem, OutputKind::Viz);
     let mut written = Vec::new();
     match &job.payload {
-        Payload::Float { h, w, values } => {
+        Payload::Float { h, w, values, geotiff } => {
             write_float(&output.join(&main), cfg.float_format(stage), *h, *w, values).map_err(classify)?;
             written.push(main);
+            if let Some((masked, geo)) = geotiff {
+                let tif = output_rel(stage, stem, OutputKind::GeoTiff);
+                write_geotiff_f32(&output.join(&tif), *w as u32, *h as u32, masked, Some(geo)).map_err(classify)?;
+                written.push(tif);
+            }
             if cfg.visualize(stage) {
                 write_png_rgb8(&output.join(&viz), *w as u32, *h as u32, &colorize(values)).map_err(classify)?;
                 written.push(viz);
@@ -546,7 +578,17 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
                                 fresh_depth[pos] = Some(Ok(DepthData { h: height, w: width, values: values.clone() }));
                             }
                             if m.pending.has(kind) {
-                                ctx.write(WriteJob { item: m.item, stage: kind, model, payload: Payload::Float { h: height, w: width, values }, _permit: permit.clone() });
+                                let geotiff = match (kind, &items[pos].geo) {
+                                    (StageKind::Chm, Some(Err(reason))) => {
+                                        ctx.fail(x, m.item, kind, reason.clone());
+                                        continue;
+                                    }
+                                    (StageKind::Chm, Some(Ok(Some(g)))) => {
+                                        items[pos].image.as_ref().and_then(|r| r.as_ref().ok()).map(|img| (nodata_masked(&values, img, g), g.clone()))
+                                    }
+                                    _ => None,
+                                };
+                                ctx.write(WriteJob { item: m.item, stage: kind, model, payload: Payload::Float { h: height, w: width, values, geotiff }, _permit: permit.clone() });
                             }
                         }
                         Prediction::Classes { height, width, ids, classes } => {

@@ -13,6 +13,8 @@ use image::RgbImage;
 use super::config::{Config, ModelSpec, StageKind};
 use crate::error::{Error, Result};
 use crate::models::segformer::{ClassMap, Segmenter};
+use crate::models::chmv2::Precision;
+use crate::tasks::chm::ChmEstimator;
 use crate::tasks::depth::DepthEstimator;
 
 /// The class names, palette and PNG metadata of a segmentation model's output.
@@ -71,6 +73,20 @@ impl Stage for DepthStage {
         Ok(self
             .0
             .predict(images, images.len().max(1))?
+            .into_iter()
+            .map(|d| Prediction::Float { height: d.height, width: d.width, values: d.values })
+            .collect())
+    }
+}
+
+struct ChmStage(ChmEstimator);
+
+impl Stage for ChmStage {
+    fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
+        let labels: Vec<String> = (0..images.len()).map(|i| format!("image {i} of the batch")).collect();
+        Ok(self
+            .0
+            .predict(images, &labels, images.len().max(1))?
             .into_iter()
             .map(|d| Prediction::Float { height: d.height, width: d.width, values: d.values })
             .collect())
@@ -138,9 +154,13 @@ pub fn load_stage(kind: StageKind, spec: &ModelSpec, cfg: &Config, devices: &mut
             let metadata = map.metadata_json();
             Ok(Box::new(SegStage { seg, classes: Arc::new(ClassInfo { map, metadata }) }))
         }
-        StageKind::Chm => Err(Error::Config(
-            "the chm stage is not available in this build (the canopy-height task has not landed yet)".into(),
-        )),
+        StageKind::Chm => {
+            let head = match &cfg.chm.head_dtype {
+                Some(h) => crate::device::parse_dtype(h)?,
+                None => dtype,
+            };
+            Ok(Box::new(ChmStage(ChmEstimator::load(&spec.path, &device, Precision { backbone: dtype, head })?)))
+        }
         StageKind::Edges => Err(Error::Config("edges has no model".into())),
     }
 }

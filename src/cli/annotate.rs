@@ -62,7 +62,8 @@ pub struct Args {
     /// Retry inputs an earlier run recorded as failed.
     #[arg(long)]
     retry_failed: bool,
-    /// Re-list the input tree even if the cached list looks current.
+    /// Re-list the input tree even if the cached list looks current (and, with content fingerprints,
+    /// re-hash every input): notices files rewritten in place.
     #[arg(long)]
     rescan: bool,
     /// Progress display: auto, bar, lines or none.

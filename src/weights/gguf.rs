@@ -63,7 +63,11 @@ impl MetaValue {
     /// A short rendering for listings (long arrays and strings are elided).
     pub fn summary(&self) -> String {
         match self {
-            MetaValue::String(s) if s.len() > 120 => format!("{:?}… ({} bytes)", &s[..s.floor_char_boundary(100)], s.len()),
+            MetaValue::String(s) if s.len() > 120 => {
+                // `str::floor_char_boundary` is newer than the crate's MSRV.
+                let cut = (0..=100).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0);
+                format!("{:?}… ({} bytes)", &s[..cut], s.len())
+            }
             MetaValue::String(s) => format!("{s:?}"),
             MetaValue::Array(v) if v.len() > 8 => format!("[{} elements]", v.len()),
             MetaValue::Array(v) => format!("[{}]", v.iter().map(|x| x.summary()).collect::<Vec<_>>().join(", ")),

@@ -75,6 +75,7 @@ def main():
     model = CHMv2ForDepthEstimation(CHMv2Config()).eval()
     if a.init == "reinit":
         fixtures_reinit()(model, 0)
+        torch.set_num_threads(threads())  # fixtures/common.py pins torch to one thread on import
     if not os.path.exists(os.path.join(a.workdir, "model.safetensors")):
         model.save_pretrained(a.workdir)
     inp = os.path.join(a.workdir, f"input_{h}x{w}.safetensors")

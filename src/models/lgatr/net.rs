@@ -186,7 +186,7 @@ impl Lgatr {
         let bias = bias.map(|m| m.to_device(&self.device)?.to_dtype(self.dtype)).transpose()?;
         // Events never interact, so run them in sub-batches of about ITEM_CHUNK items: that keeps
         // every intermediate small (cache- and allocator-friendly) without changing any result.
-        let per = (ITEM_CHUNK / n.max(1)).clamp(1, b.max(1));
+        let per = (std::env::var("LGATR_ITEM_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(ITEM_CHUNK) / n.max(1)).clamp(1, b.max(1));
         let mut ys = Vec::with_capacity(b.div_ceil(per));
         let mut b0 = 0;
         while b0 < b {
