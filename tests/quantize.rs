@@ -79,3 +79,18 @@ fn recipe_file_errors_name_the_file() {
     let e = Recipe::from_file(&p).unwrap_err().to_string();
     assert!(e.contains("bad.toml") && e.contains("float"), "{e}");
 }
+
+#[test]
+fn segformer_gguf_with_scalar_tensors_runs() {
+    // SegFormer checkpoints carry a rank-0 `num_batches_tracked`; GGUF stores it as [1].
+    let dir = fixture("segformer_uneven");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("seg.gguf");
+    let recipe = Recipe::builtin("segformer").unwrap().expect("segformer recipe ships");
+    quantize(&dir, &out, GgmlDType::F16, &recipe, |_| {}).unwrap();
+    let model = load_model(&out, DType::F32);
+    let inputs = tensors(&dir, "input.safetensors");
+    let expected = tensors(&dir, "expected.safetensors");
+    let got = model.forward_named(&inputs).unwrap();
+    assert_close("segformer f16 GGUF", &got["logits"], &expected["logits"], 1e-2);
+}

@@ -88,7 +88,11 @@ pub fn quantize(
     let plan: Vec<(String, Vec<usize>, GgmlDType)> = store
         .entries()
         .values()
-        .map(|e| (e.name.clone(), e.shape.clone(), recipe.choose(&e.name, &e.shape, target)))
+        .map(|e| {
+            // GGUF has no rank-0 tensors: scalars are stored as [1] (the loader accepts either).
+            let shape = if e.shape.is_empty() { vec![1] } else { e.shape.clone() };
+            (e.name.clone(), shape, recipe.choose(&e.name, &e.shape, target))
+        })
         .collect();
     let planned = gguf_writer::plan(plan).ok_or_else(|| Error::Config("a tensor does not fit its planned type".into()))?;
     let mut metadata = vec![

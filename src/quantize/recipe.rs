@@ -79,6 +79,7 @@ fn any_match(patterns: &[String], name: &str) -> bool {
 /// The recipes in `quantize/`, built into the binary: (architecture, TOML text).
 const BUILTIN: &[(&str, &str)] = &[
     ("depth_anything", include_str!("../../quantize/depth_anything.toml")),
+    ("segformer", include_str!("../../quantize/segformer.toml")),
     ("chmv2", include_str!("../../quantize/chmv2.toml")),
     ("da3", include_str!("../../quantize/da3.toml")),
     ("da3_mono", include_str!("../../quantize/da3.toml")),

@@ -296,6 +296,9 @@ impl WeightStore {
     /// Loads `name` checking its shape.
     pub fn tensor_shaped(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
         let t = self.tensor(name, dtype, device)?;
+        if shape.is_empty() && t.dims() == [1] {
+            return Ok(t.reshape(())?);
+        }
         if t.dims() != shape {
             return Err(self.err(name, format!("expected shape {shape:?}, found {:?}", t.dims())));
         }

@@ -44,11 +44,11 @@ def main():
     ap.add_argument("--binary", default="target/release/edgerun")
     ap.add_argument("--skip-edgerun", action="store_true")
     a = ap.parse_args()
-    torch.set_num_threads(threads())
     h, w = map(int, a.size.split("x"))
     net = build(0)
+    torch.set_num_threads(threads())  # after build: the fixture helpers pin one thread on import
     os.makedirs(a.workdir, exist_ok=True)
-    save_file({f"model.{k}": v.contiguous() for k, v in net.state_dict().items()}, os.path.join(a.workdir, "model.safetensors"))
+    save_file({f"model.{k}": v.contiguous().clone() for k, v in net.state_dict().items()}, os.path.join(a.workdir, "model.safetensors"))
     with open(os.path.join(a.workdir, "config.json"), "w") as f:
         json.dump({"model_name": "da3-small"}, f)
     x = torch.randn(1, 1, 3, h, w, generator=torch.Generator().manual_seed(1))
@@ -82,6 +82,12 @@ def main():
         ours, rss = run_edgerun(a.binary, a.workdir, inp, a.repeat)
         print(f"edgerun forward (depth path)     ms: {[round(t) for t in ours]} (median {median(ours):.0f}), peak RSS {rss:.0f} MiB")
         print(f"edgerun / torch depth path: {median(ours) / median(dp):.2f}")
+        from safetensors.torch import load_file
+
+        got = load_file(inp + ".edgerun-out.safetensors")
+        for k in ("depth", "depth_conf"):
+            err = float((got[k] - ref[k]).abs().max())
+            print(f"edgerun vs torch {k}: max abs error {err:.3e} (max|ref| {float(ref[k].abs().max()):.3g})")
 
 
 if __name__ == "__main__":
