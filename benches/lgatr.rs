@@ -26,6 +26,15 @@ fn max_abs(a: &Tensor) -> f64 {
     a.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
 }
 
+/// CPU time (user + system) of this process in seconds, from /proc/self/stat (Linux; 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    let Some(rest) = stat.rsplit(')').next() else { return 0.0 };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// Forward time of the benchmark net on the benchmark input, and its agreement with lgatr.
 #[test]
 #[ignore]
@@ -45,19 +54,20 @@ fn lgatr_top_tagging_forward() {
     let input: NamedTensors =
         candle_core::safetensors::load(dir.join("input.safetensors"), &Device::Cpu).unwrap().into_iter().collect();
     let mut times = vec![];
+    let mut cpu = vec![];
     let mut out = NamedTensors::new();
     for _ in 0..runs {
-        let t = Instant::now();
+        let (t, c) = (Instant::now(), cpu_seconds());
         out = model.forward_named(&input).unwrap();
-        times.push(t.elapsed().as_secs_f64());
+        times.push((t.elapsed().as_secs_f64() * 1000.0).round() / 1000.0);
+        cpu.push(((cpu_seconds() - c) * 100.0).round() / 100.0);
     }
     let min = times.iter().cloned().fold(f64::INFINITY, f64::min);
+    let min_cpu = cpu.iter().cloned().fold(f64::INFINITY, f64::min);
     println!(
-        "edgerun lgatr: threads {} load {:.3}s forward {:?} min {:.3}s",
+        "edgerun lgatr: threads {} load {:.3}s forward wall {times:?} (min {min:.3}s) cpu {cpu:?} (min {min_cpu:.2}s)",
         candle_core::utils::get_num_threads(),
         load_s,
-        times.iter().map(|t| (t * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
-        min
     );
     if let Ok(exp) = candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu) {
         for k in ["outputs_mv", "outputs_s"] {

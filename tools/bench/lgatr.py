@@ -82,12 +82,13 @@ def main() -> None:
         state = safetensors.torch.load_file(os.path.join(args.dir, "model.safetensors"))
         model.load_state_dict(state)
 
-    times = []
+    times, cpu = [], []
     with torch.no_grad():
         for _ in range(args.runs):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out_mv, out_s = model(mv, s)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     if not args.no_save:
         safetensors.torch.save_file(
             {"outputs_mv": out_mv.contiguous(), "outputs_s": out_s.contiguous()},
@@ -104,6 +105,8 @@ def main() -> None:
                 "params": params,
                 "forward_s": [round(t, 3) for t in times],
                 "min_s": round(min(times), 3),
+                "cpu_s": [round(t, 2) for t in cpu],
+                "min_cpu_s": round(min(cpu), 2),
                 "max_abs_out": float(out_mv.abs().max()),
             }
         )
