@@ -19,7 +19,18 @@ use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
 use edgerun::models::NamedTensors;
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap()
 }
 
 fn max_abs(a: &Tensor) -> f64 {
@@ -41,9 +52,10 @@ fn cpu_seconds() -> f64 {
 fn lgatr_top_tagging_forward() {
     let dir = PathBuf::from(std::env::var("LGATR_BENCH_DIR").unwrap_or_else(|_| "/tmp/lgatr_bench".into()));
     let runs: usize = std::env::var("LGATR_BENCH_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("run tools/bench/lgatr.py first"))
-            .unwrap();
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("config.json")).expect("run tools/bench/lgatr.py first"),
+    )
+    .unwrap();
     let t0 = Instant::now();
     let vb = unsafe {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &Device::Cpu)
@@ -147,5 +159,8 @@ fn op_profile() {
     let xg = Tensor::randn(0f32, 1.0, (t, 576), &dev).unwrap();
     println!("gate (6400, 32mv+64s): {:.1} ms", best_of(|| gate_fused(&xg, 32, 64, Nonlinearity::Gelu).unwrap()));
     let lr = Tensor::randn(0f32, 1.0, (t, 2 * 32 * 16 + 32), &dev).unwrap();
-    println!("gp_fused (6400, 32 ch): {:.1} ms", best_of(|| edgerun::models::lgatr::bilinear::gp_fused(&lr, 32, 32, true).unwrap()));
+    println!(
+        "gp_fused (6400, 32 ch): {:.1} ms",
+        best_of(|| edgerun::models::lgatr::bilinear::gp_fused(&lr, 32, 32, true).unwrap())
+    );
 }

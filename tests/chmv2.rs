@@ -211,3 +211,28 @@ fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
     let depth = m.features_to_depth().forward(&logits).unwrap();
     assert!(depth.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_finite()));
 }
+
+/// Half-precision overflow is reported with the image and the dtype, and f32 still works.
+#[test]
+fn non_finite_heights_name_the_image_and_dtype() {
+    use edgerun::models::chmv2::Precision;
+    use edgerun::tasks::chm::ChmEstimator;
+    let src = fixture("chmv2_tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+    // Patch embeddings scaled by 1e6: activations overflow f16 (max 65504), not f32.
+    let mut t = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let k = "backbone.embeddings.patch_embeddings.weight";
+    let w = (t[k].clone() * 1e6).unwrap();
+    t.insert(k.to_string(), w);
+    candle_core::safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
+    let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x * 6) as u8, (y * 8) as u8, 128]));
+    let labels = vec!["field_07.tif".to_string()];
+    let est = ChmEstimator::load(tmp.path(), &Device::Cpu, Precision::uniform(DType::F16)).unwrap();
+    let e = est.predict(&[&img], &labels, 1).unwrap_err().to_string();
+    assert!(e.contains("field_07.tif") && e.contains("f16") && e.contains("non-finite") && e.contains("backbone"), "{e}");
+    let est = ChmEstimator::load(tmp.path(), &Device::Cpu, Precision::uniform(DType::F32)).unwrap();
+    let maps = est.predict(&[&img], &labels, 1).unwrap();
+    assert_eq!((maps[0].height, maps[0].width), (30, 40));
+    assert!(maps[0].values.iter().all(|v| v.is_finite()));
+}

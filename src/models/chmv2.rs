@@ -345,7 +345,18 @@ impl Chmv2 {
     /// `pixel_values` `[B, 3, H, W]` → bin logits `[B, bins, H', W']` (H' = 2^(levels+1)·⌈coarsest⌉,
     /// which equals H for power-of-two patch grids).
     pub fn head_logits(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        Ok(self.head_logits_checked(pixel_values)?.0)
+    }
+
+    /// As [`Chmv2::head_logits`], also naming, per batch item, the first stage whose output was not
+    /// finite (`backbone`, `head`). The check matters: Candle's ReLU maps NaN to 0, so a NaN inside
+    /// the head would otherwise come out as plausible-looking uniform-bin heights.
+    pub fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
         let feats = self.backbone.forward_features(&pixel_values.to_dtype(self.precision.backbone)?)?;
+        let mut bad = vec![None; pixel_values.dim(0)?];
+        for t in feats.maps.iter().chain(&feats.cls) {
+            flag_non_finite(t, "backbone", &mut bad)?;
+        }
         let hd = self.precision.head;
         let mut levels = Vec::with_capacity(feats.maps.len());
         for (i, map) in feats.maps.iter().enumerate() {
@@ -366,13 +377,43 @@ impl Chmv2 {
         }
         let fused = self.fusion.forward(&levels)?;
         let last = fused.last().ok_or_else(|| Error::Config("no fusion levels".into()))?;
-        self.conv_depth.forward(last)
+        let logits = self.conv_depth.forward(last)?;
+        flag_non_finite(&logits, "head", &mut bad)?;
+        Ok((logits, bad))
     }
 
-    /// `pixel_values` `[B, 3, H, W]` → canopy height in metres `[B, H', W']` (f32).
-    pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
-        self.to_depth.forward(&self.head_logits(pixel_values)?)
+    /// Heights `[B, H', W']` (f32) and, per batch item, the first stage that was not finite
+    /// (`backbone`, `head`, `bins`); such items must not be used.
+    pub fn forward_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
+        let (logits, mut bad) = self.head_logits_checked(pixel_values)?;
+        let depth = self.to_depth.forward(&logits)?;
+        flag_non_finite(&depth, "bins", &mut bad)?;
+        Ok((depth, bad))
     }
+
+    /// `pixel_values` `[B, 3, H, W]` → canopy height in metres `[B, H', W']` (f32); an error when any
+    /// value is not finite (which image, which stage, which dtype).
+    pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        let (depth, bad) = self.forward_checked(pixel_values)?;
+        if let Some((i, stage)) = bad.iter().enumerate().find_map(|(i, s)| s.map(|s| (i, s))) {
+            return Err(Error::Input(format!(
+                "non-finite values in the {stage} output for batch item {i} (backbone {:?}, head {:?}); use f32",
+                self.precision.backbone, self.precision.head
+            )));
+        }
+        Ok(depth)
+    }
+}
+
+/// Marks the batch items of `x` (`[B, …]`) that hold a NaN or ±inf with `stage`, unless already marked.
+fn flag_non_finite(x: &Tensor, stage: &'static str, bad: &mut [Option<&'static str>]) -> Result<()> {
+    let sums = x.to_dtype(DType::F32)?.flatten_from(1)?.abs()?.sum(1)?.to_vec1::<f32>()?;
+    for (b, s) in bad.iter_mut().zip(sums) {
+        if b.is_none() && !s.is_finite() {
+            *b = Some(stage);
+        }
+    }
+    Ok(())
 }
 
 impl Model for Chmv2 {

@@ -262,6 +262,9 @@ impl Ffn {
     }
 }
 
+/// A rotation applied to per-head queries and keys `[B, heads, N, D/heads]` (rotary embeddings).
+pub type QkRotate<'a> = dyn Fn(&Tensor) -> Result<Tensor> + 'a;
+
 /// Self-attention with fused q/k/v projections where the weights allow.
 pub struct SelfAttention {
     qkv: Qkv,
@@ -335,7 +338,7 @@ impl SelfAttention {
         self.attend(x, Some(rotate))
     }
 
-    fn attend(&self, x: &Tensor, rotate: Option<&dyn Fn(&Tensor) -> Result<Tensor>>) -> Result<Tensor> {
+    fn attend(&self, x: &Tensor, rotate: Option<&QkRotate<'_>>) -> Result<Tensor> {
         let (q, k, v) = match &self.qkv {
             Qkv::Fused(qkv) => {
                 let t = qkv.forward(x)?;

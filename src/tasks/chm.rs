@@ -120,7 +120,7 @@ impl ChmPreprocess {
         if self.ensure_multiple_of == 0 || self.size_divisor == 0 || self.size.height == 0 || self.size.width == 0 {
             return Err("size, ensure_multiple_of and size_divisor must be positive".into());
         }
-        if self.image_std.iter().any(|s| !(*s > 0.0)) || !(self.rescale_factor.is_finite() && self.rescale_factor > 0.0) {
+        if self.image_std.iter().any(|s| !s.is_finite() || *s <= 0.0) || !self.rescale_factor.is_finite() || self.rescale_factor <= 0.0 {
             return Err("image_std and rescale_factor must be positive".into());
         }
         self.filter()?;
@@ -266,19 +266,17 @@ impl ChmEstimator {
         for range in group_by_key(&sizes, max_batch) {
             let batch = images[range.clone()].iter().map(|im| self.pre.pixel_values(im, &self.device)).collect::<Result<Vec<_>>>()?;
             let x = Tensor::stack(&batch, 0)?;
-            let y = self.model.forward(&x)?.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+            let (y, bad) = self.model.forward_checked(&x)?;
+            let y = y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
             let (_, oh, ow) = y.dims3()?;
             for (k, im) in images[range.clone()].iter().enumerate() {
                 let v = y.get(k)?.flatten_all()?.to_vec1::<f32>()?;
-                let bad = v.iter().filter(|x| !x.is_finite()).count();
-                if bad > 0 {
+                let n_bad = v.iter().filter(|x| !x.is_finite()).count();
+                if let Some(stage) = bad[k].or((n_bad > 0).then_some("bins")) {
                     return Err(Error::Input(format!(
-                        "{}: {bad} of {} canopy-height values are not finite with {} (backbone {:?}, head {:?}); rerun with --dtype f32",
+                        "{}: non-finite values in the {stage} output with {} compute; canopy height not written (rerun with --dtype f32)",
                         labels[range.start + k],
-                        v.len(),
                         precision_name(self.precision),
-                        self.precision.backbone,
-                        self.precision.head
                     )));
                 }
                 let (sh, sw) = (im.height() as usize, im.width() as usize);

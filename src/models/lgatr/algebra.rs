@@ -296,22 +296,20 @@ pub fn rotation(q: [f64; 4]) -> Mat4 {
 
 /// Spatial parity `diag(1, −1, −1, −1)`.
 pub fn parity() -> Mat4 {
+    diag([1.0, -1.0, -1.0, -1.0])
+}
+
+fn diag(d: [f64; 4]) -> Mat4 {
     let mut l = [[0.0; 4]; 4];
-    l[0][0] = 1.0;
-    for i in 1..4 {
-        l[i][i] = -1.0;
+    for (i, v) in d.into_iter().enumerate() {
+        l[i][i] = v;
     }
     l
 }
 
 /// Time reversal `diag(−1, 1, 1, 1)`.
 pub fn time_reversal() -> Mat4 {
-    let mut l = [[0.0; 4]; 4];
-    l[0][0] = -1.0;
-    for i in 1..4 {
-        l[i][i] = 1.0;
-    }
-    l
+    diag([-1.0, 1.0, 1.0, 1.0])
 }
 
 fn minor(l: &Mat4, rows: &[usize], cols: &[usize]) -> f64 {

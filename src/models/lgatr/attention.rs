@@ -62,12 +62,7 @@ pub fn sdpa_with_budget(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor
     let (bk, hk, nk, dk) = k.dims4()?;
     let (bv, hv, nv, dv) = v.dims4()?;
     if bk != b || bv != b || dk != d || hv != hk || nv != nk || !(hk == h || hk == 1) {
-        return Err(Error::Input(format!(
-            "sdpa: incompatible q {:?}, k {:?}, v {:?}",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        )));
+        return Err(Error::Input(format!("sdpa: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
     }
     let shared = hk == 1 && h > 1;
     let g = if shared { b } else { b * h };
@@ -174,7 +169,15 @@ impl GaSelfAttention {
         let (in_mv, in_s) = (d.c + d.r_mv, d.s + d.r_s);
         let qk_cols = qk_input_order(&d);
         let map = if !d.multi_query {
-            let w = EquiLinearWeights::load(&vb.pp("qkv_module.in_linear"), in_mv, 3 * hc * h, in_s, 3 * hs * h, sub, false)?;
+            let w = EquiLinearWeights::load(
+                &vb.pp("qkv_module.in_linear"),
+                in_mv,
+                3 * hc * h,
+                in_s,
+                3 * hs * h,
+                sub,
+                false,
+            )?;
             let m = w.fold().reorder_cols(&qk_cols)?;
             let mut rows = vec![];
             for qkv in 0..3 {
@@ -192,7 +195,13 @@ impl GaSelfAttention {
             let q = EquiLinearWeights::load(&vbq.pp("q_linear"), in_mv, hc * h, in_s, hs * h, sub, false)?;
             let k = EquiLinearWeights::load(&vbq.pp("k_linear"), in_mv, hc, in_s, hs, sub, false)?;
             let v = EquiLinearWeights::load(&vbq.pp("v_linear"), d.c, hc, d.s, hs, sub, false)?;
-            let q = q.fold().reorder_cols(&qk_cols)?.reorder_rows(&head_rows(&d, h, hc * h, |hh, c| c * h + hh, |hh, s| s * h + hh))?;
+            let q = q.fold().reorder_cols(&qk_cols)?.reorder_rows(&head_rows(
+                &d,
+                h,
+                hc * h,
+                |hh, c| c * h + hh,
+                |hh, s| s * h + hh,
+            ))?;
             let k = k.fold().reorder_cols(&qk_cols)?.reorder_rows(&head_rows(&d, 1, hc, |_, c| c, |_, s| s))?;
             // v sees no reinserted features
             let mut v_cols: Vec<Option<usize>> = (0..16 * d.c + d.s).map(Some).collect();
@@ -228,7 +237,14 @@ impl GaSelfAttention {
     }
 
     /// `x (B·N, 16C + S)`, reinserted features `add (B·N, 16R + R_s)` → `(B·N, 16C + S)`.
-    pub fn forward(&self, x: &Tensor, add: Option<&Tensor>, b: usize, n: usize, bias: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        b: usize,
+        n: usize,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let d = &self.dims;
         let inp = match add {
             Some(a) => Tensor::cat(&[x, a], 1)?,

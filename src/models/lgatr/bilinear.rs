@@ -180,7 +180,11 @@ pub fn geometric_product(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 /// [`geometric_product`] with an explicit implementation.
 pub fn geometric_product_with(x: &Tensor, y: &Tensor, imp: GpImpl) -> Result<Tensor> {
     if x.dims().last() != Some(&16) || y.dims().last() != Some(&16) {
-        return Err(Error::Input(format!("geometric_product expects (..., 16), got {:?} and {:?}", x.dims(), y.dims())));
+        return Err(Error::Input(format!(
+            "geometric_product expects (..., 16), got {:?} and {:?}",
+            x.dims(),
+            y.dims()
+        )));
     }
     let shape = x.shape().broadcast_shape_binary_op(y.shape(), "geometric_product")?;
     let x = x.broadcast_as(&shape)?.contiguous()?;

@@ -30,7 +30,14 @@ impl LgatrBlock {
     }
 
     /// `x + attn(norm1(x))`, then `+ mlp(norm2(·))`.
-    pub fn forward(&self, x: &Tensor, add: Option<&Tensor>, b: usize, n: usize, bias: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        add: Option<&Tensor>,
+        b: usize,
+        n: usize,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let h = self.attention.forward(&self.norm1.forward(x)?, add, b, n, bias)?;
         let x = (x + h)?;
         let h = self.mlp.forward(&self.norm2.forward(&x)?)?;

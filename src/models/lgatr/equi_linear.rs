@@ -237,10 +237,10 @@ impl EquiLinearWeights {
                     if c == 0.0 {
                         continue;
                     }
-                    for i in 0..16 {
-                        for j in 0..16 {
-                            if w[i][j] != 0.0 {
-                                d.add(y * 16 + i, x * 16 + j, c * w[i][j]);
+                    for (i, wi) in w.iter().enumerate() {
+                        for (j, &v) in wi.iter().enumerate() {
+                            if v != 0.0 {
+                                d.add(y * 16 + i, x * 16 + j, c * v);
                             }
                         }
                     }
@@ -248,8 +248,8 @@ impl EquiLinearWeights {
             }
         }
         if let Some(b) = &self.bias {
-            for y in 0..self.out_mv {
-                d.b[y * 16] += b[y];
+            for (y, bv) in b.iter().enumerate() {
+                d.b[y * 16] += bv;
             }
         }
         // destinations of s2mvs rows / sources of mvs2s columns

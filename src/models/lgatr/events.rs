@@ -51,9 +51,11 @@ pub fn forward_events(model: &dyn Model, events: &[NamedTensors], max_batch: usi
                 rows.push(if pad > 0 { t.pad_with_zeros(0, 0, pad)? } else { t.clone() });
             }
             if !rows.is_empty() {
-                batch.insert((*name).to_string(), Tensor::stack(&rows, 0).map_err(|e| {
-                    Error::Input(format!("events disagree on the shape of `{name}`: {e}"))
-                })?);
+                batch.insert(
+                    (*name).to_string(),
+                    Tensor::stack(&rows, 0)
+                        .map_err(|e| Error::Input(format!("events disagree on the shape of `{name}`: {e}")))?,
+                );
             }
         }
         let device = batch.values().next().map(|t| t.device().clone()).unwrap_or(candle_core::Device::Cpu);
@@ -80,9 +82,7 @@ pub fn forward_events(model: &dyn Model, events: &[NamedTensors], max_batch: usi
 fn lengths_of(packed: &NamedTensors) -> Result<Vec<usize>> {
     let l = packed.get("lengths").ok_or_else(|| Error::Input("packed events need a `lengths` tensor [E]".into()))?;
     let l = l.to_dtype(DType::I64)?.to_vec1::<i64>()?;
-    l.into_iter()
-        .map(|v| usize::try_from(v).map_err(|_| Error::Input(format!("negative event length {v}"))))
-        .collect()
+    l.into_iter().map(|v| usize::try_from(v).map_err(|_| Error::Input(format!("negative event length {v}")))).collect()
 }
 
 /// Splits packed events `{name: [ΣN, ...], lengths: [E]}` (items of all events concatenated

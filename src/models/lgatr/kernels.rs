@@ -11,7 +11,13 @@ use super::config::Nonlinearity;
 const PAR_GRAIN: usize = 1 << 15;
 
 pub(crate) trait Field:
-    Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Sub<Output = Self> + std::ops::Mul<Output = Self>
+    Copy
+    + Default
+    + Send
+    + Sync
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
 {
     fn to_f64(self) -> f64;
     fn from_f64(v: f64) -> Self;

@@ -50,7 +50,15 @@ pub struct GeometricBilinear {
 
 impl GeometricBilinear {
     /// Loads `linear_left`, `linear_right`, `linear_out` under `vb`.
-    pub fn load(vb: &VarBuilder, in_mv: usize, out_mv: usize, in_s: usize, out_s: usize, subgroup: bool, bivector: bool) -> Result<Self> {
+    pub fn load(
+        vb: &VarBuilder,
+        in_mv: usize,
+        out_mv: usize,
+        in_s: usize,
+        out_s: usize,
+        subgroup: bool,
+        bivector: bool,
+    ) -> Result<Self> {
         let hidden = out_mv;
         let left = EquiLinearWeights::load(&vb.pp("linear_left"), in_mv, hidden, in_s, 0, subgroup, true)?.fold();
         let right = EquiLinearWeights::load(&vb.pp("linear_right"), in_mv, hidden, in_s, 0, subgroup, true)?.fold();
@@ -91,7 +99,8 @@ impl GeoMlp {
     pub fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
         let p = cfg.primitives();
         let f = Nonlinearity::parse(&cfg.mlp.nonlinearity)?;
-        let (c, s, ratio, nl) = (cfg.hidden_mv_channels, cfg.hidden_s_channels, cfg.mlp.mlp_ratio, cfg.mlp.num_layers_mlp);
+        let (c, s, ratio, nl) =
+            (cfg.hidden_mv_channels, cfg.hidden_s_channels, cfg.mlp.mlp_ratio, cfg.mlp.num_layers_mlp);
         let mut mv = vec![c];
         mv.extend(std::iter::repeat_n(ratio * c, nl - 1));
         mv.push(c);
@@ -102,9 +111,17 @@ impl GeoMlp {
         let mut layers = vec![];
         let mut idx = 0usize;
         let linear = |idx: usize, i: usize| -> Result<FusedLinear> {
-            EquiLinearWeights::load(&vb.pp(format!("layers.{idx}")), mv[i], mv[i + 1], sc[i], sc[i + 1], p.subgroup, true)?
-                .fold()
-                .to_fused(vb.device(), vb.dtype())
+            EquiLinearWeights::load(
+                &vb.pp(format!("layers.{idx}")),
+                mv[i],
+                mv[i + 1],
+                sc[i],
+                sc[i + 1],
+                p.subgroup,
+                true,
+            )?
+            .fold()
+            .to_fused(vb.device(), vb.dtype())
         };
         if p.geometric_product {
             layers.push(Layer::Bilinear(GeometricBilinear::load(

@@ -22,8 +22,10 @@ pub struct Lgatr {
     dtype: DType,
 }
 
-/// Items per sub-batch of events in a forward pass (at least one event).
-pub const ITEM_CHUNK: usize = 1024;
+/// Items per sub-batch of events in a forward pass (at least one event). Measured on the
+/// top-tagging benchmark (200-item events): 200–400 items per sub-batch ran ~20 % faster than
+/// 1000–4000 single-threaded (fewer large allocations and page faults, better cache reuse).
+pub const ITEM_CHUNK: usize = 512;
 
 /// Rows `b0..b0+bc` of a bias whose dim 0 is the batch (or 1, broadcast).
 pub(crate) fn batch_slice(bias: &Tensor, b: usize, b0: usize, bc: usize) -> Result<Tensor> {
@@ -47,12 +49,7 @@ fn index_tensor(ix: &Option<Vec<usize>>, device: &Device) -> Result<Option<Tenso
 
 /// Builds the additive attention bias from the optional `attention_mask` (torch SDPA semantics)
 /// and `padding_mask` (`(B, N)`, nonzero = real item) inputs.
-pub(crate) fn combined_bias(
-    inputs: &NamedTensors,
-    b: usize,
-    device: &Device,
-    dtype: DType,
-) -> Result<Option<Tensor>> {
+pub(crate) fn combined_bias(inputs: &NamedTensors, b: usize, device: &Device, dtype: DType) -> Result<Option<Tensor>> {
     let mut bias: Option<Tensor> = None;
     if let Some(m) = inputs.get("attention_mask") {
         bias = Some(mask_to_bias(&m.to_device(device)?, dtype)?);
@@ -186,7 +183,7 @@ impl Lgatr {
         let bias = bias.map(|m| m.to_device(&self.device)?.to_dtype(self.dtype)).transpose()?;
         // Events never interact, so run them in sub-batches of about ITEM_CHUNK items: that keeps
         // every intermediate small (cache- and allocator-friendly) without changing any result.
-        let per = (std::env::var("LGATR_ITEM_CHUNK").ok().and_then(|v| v.parse().ok()).unwrap_or(ITEM_CHUNK) / n.max(1)).clamp(1, b.max(1));
+        let per = (ITEM_CHUNK / n.max(1)).clamp(1, b.max(1));
         let mut ys = Vec::with_capacity(b.div_ceil(per));
         let mut b0 = 0;
         while b0 < b {

@@ -73,7 +73,8 @@ impl EquiNorm {
         if !kernel_ok(x) {
             return self.forward_reference(x);
         }
-        let k = EquiNormKernel { c: self.c, s: self.s, mv_eps: MV_EPSILON, s_eps: S_EPSILON, gains: self.gains.clone() };
+        let k =
+            EquiNormKernel { c: self.c, s: self.s, mv_eps: MV_EPSILON, s_eps: S_EPSILON, gains: self.gains.clone() };
         Ok(x.contiguous()?.apply_op1_no_bwd(&k)?)
     }
 

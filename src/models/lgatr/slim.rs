@@ -39,6 +39,7 @@ pub struct SlimLinear {
 impl SlimLinear {
     /// Loads `weight_v`, `linear_s.weight`, `linear_s.bias` under `vb`; `v_rows` / `s_rows`
     /// optionally reorder the output rows (new row r = old row order[r]).
+    #[allow(clippy::too_many_arguments)]
     pub fn load(
         vb: &VarBuilder,
         in_v: usize,
@@ -204,11 +205,13 @@ impl SlimAttention {
             o
         };
         let (ov, os) = (order(hv), order(hs));
-        let linear_in = SlimLinear::load(&vb.pp("linear_in"), cv, 3 * hv * h, cs, 3 * hs * h, false, Some(&ov), Some(&os))?;
+        let linear_in =
+            SlimLinear::load(&vb.pp("linear_in"), cv, 3 * hv * h, cs, 3 * hs * h, false, Some(&ov), Some(&os))?;
         let linear_out = SlimLinear::load(&vb.pp("linear_out"), hv * h, cv, hs * h, cs, true, None, None)?;
         let d = 4 * hv + hs;
         let scale = 1.0 / (d as f64).sqrt();
-        let mut qs: Vec<f64> = [1.0, -1.0, -1.0, -1.0].iter().flat_map(|m| std::iter::repeat_n(m * scale, hv)).collect();
+        let mut qs: Vec<f64> =
+            [1.0, -1.0, -1.0, -1.0].iter().flat_map(|m| std::iter::repeat_n(m * scale, hv)).collect();
         qs.extend(std::iter::repeat_n(scale, hs));
         let q_scale = Tensor::from_vec(qs, d, vb.device())?.to_dtype(vb.dtype())?;
         let norm = SlimRmsNorm::plain(hv, hs, vb.device(), vb.dtype())?;
@@ -227,7 +230,12 @@ impl SlimAttention {
         let q = qkv.get(0)?.broadcast_mul(&self.q_scale)?;
         let o = sdpa(&q, &qkv.get(1)?, &qkv.get(2)?, bias)?;
         let t = b * n;
-        let ov = o.narrow(3, 0, 4 * hv)?.reshape((b, h, n, 4, hv))?.permute((0, 2, 3, 1, 4))?.contiguous()?.reshape((t, 4, h * hv))?;
+        let ov = o
+            .narrow(3, 0, 4 * hv)?
+            .reshape((b, h, n, 4, hv))?
+            .permute((0, 2, 3, 1, 4))?
+            .contiguous()?
+            .reshape((t, 4, h * hv))?;
         let os = o.narrow(3, 4 * hv, hs)?.permute((0, 2, 1, 3))?.contiguous()?.reshape((t, h * hs))?;
         self.linear_out.forward(&ov, &os)
     }
@@ -262,7 +270,16 @@ impl SlimBlock {
         let mut mlp = vec![];
         let mut idx = 0;
         for i in 0..nl - 1 {
-            let linear = SlimLinear::load(&vbm.pp(format!("layers.{idx}.linear")), vl[i], 3 * vl[i + 1], sl[i], 2 * sl[i + 1], true, None, None)?;
+            let linear = SlimLinear::load(
+                &vbm.pp(format!("layers.{idx}.linear")),
+                vl[i],
+                3 * vl[i + 1],
+                sl[i],
+                2 * sl[i + 1],
+                true,
+                None,
+                None,
+            )?;
             mlp.push(MlpLayer::Glu(SlimGlu {
                 linear,
                 out_v: vl[i + 1],
@@ -276,7 +293,16 @@ impl SlimBlock {
                 idx += 1;
             }
         }
-        mlp.push(MlpLayer::Linear(SlimLinear::load(&vbm.pp(format!("layers.{idx}")), vl[nl - 1], vl[nl], sl[nl - 1], sl[nl], true, None, None)?));
+        mlp.push(MlpLayer::Linear(SlimLinear::load(
+            &vbm.pp(format!("layers.{idx}")),
+            vl[nl - 1],
+            vl[nl],
+            sl[nl - 1],
+            sl[nl],
+            true,
+            None,
+            None,
+        )?));
         Ok(Self {
             norm1: SlimRmsNorm::load(&vb.pp("norm1"), cv, cs, cfg.norm_elementwise_affine)?,
             attention: SlimAttention::load(&vb.pp("attention"), cfg)?,
@@ -377,7 +403,8 @@ impl LgatrSlim {
         while b0 < b {
             let bc = per.min(b - b0);
             let biasc = bias.as_ref().map(|m| batch_slice(m, b, b0, bc)).transpose()?;
-            let (mut vc, mut sc) = self.linear_in.forward(&v.narrow(0, b0 * n, bc * n)?, &s.narrow(0, b0 * n, bc * n)?)?;
+            let (mut vc, mut sc) =
+                self.linear_in.forward(&v.narrow(0, b0 * n, bc * n)?, &s.narrow(0, b0 * n, bc * n)?)?;
             for block in &self.blocks {
                 (vc, sc) = block.forward(&vc, &sc, bc, n, biasc.as_ref())?;
             }
@@ -413,7 +440,9 @@ impl Model for LgatrSlim {
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
         check_inputs(inputs, &["vectors", "scalars", "attention_mask", "padding_mask"])?;
         let v = inputs.get("vectors").ok_or_else(|| Error::Input("missing input `vectors`".into()))?;
-        let s = inputs.get("scalars").ok_or_else(|| Error::Input("missing input `scalars` (LGATrSlim requires scalars)".into()))?;
+        let s = inputs
+            .get("scalars")
+            .ok_or_else(|| Error::Input("missing input `scalars` (LGATrSlim requires scalars)".into()))?;
         let dims = v.dims();
         let b: usize = dims[..dims.len().saturating_sub(3)].iter().product();
         let bias = combined_bias(inputs, b, &self.device, self.dtype)?;

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Builds the whole test suite for a foreign target and runs it under qemu-user, from the repo root
+# (where cargo runs tests), then runs the given binary on the bundled example. Used by .ci/run.
+#
+#   tools/ci/qemu-tests.sh [TARGET]          (default aarch64-unknown-linux-musl; QEMU=qemu-aarch64)
+#
+# Why not plain `cargo test --target … ` with a runner: the CLI tests spawn the binary through
+# `env!("CARGO_BIN_EXE_edgerun")`, and a test binary running under qemu-user execs that path on
+# the host kernel, which cannot run an aarch64 ELF without binfmt_misc (not available in every
+# container). So after building, the binary at that path is swapped for a two-line shell wrapper
+# that execs qemu on the real binary, and the test executables are run here one by one
+# (`cargo test` itself would re-link the real binary over the wrapper). Doc tests are left to
+# the native `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TARGET=${1:-aarch64-unknown-linux-musl}
+QEMU=${QEMU:-qemu-$(echo "$TARGET" | cut -d- -f1)}
+command -v "$QEMU" >/dev/null || { echo "qemu-tests: $QEMU not found" >&2; exit 2; }
+
+msgs=$(mktemp)
+trap 'rm -f "$msgs"' EXIT
+cargo test --locked --target "$TARGET" --no-run --message-format=json-render-diagnostics >"$msgs"
+
+# Test executables (lib, bin and integration tests) and the binary the CLI tests spawn.
+mapfile -t tests < <(grep '"test":true' "$msgs" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | sort -u)
+bin=$(grep '"kind":\["bin"\]' "$msgs" | grep '"test":false' | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | head -1)
+[ "${#tests[@]}" -gt 0 ] && [ -n "$bin" ] || { echo "qemu-tests: no test executables or binary found" >&2; exit 2; }
+
+real="$bin.$TARGET-real"
+cp -f "$bin" "$real"
+rm -f "$bin" # a hard link to deps/edgerun-*: never write through it
+printf '#!/bin/sh\nexec %s %s "$@"\n' "$QEMU" "'$real'" >"$bin"
+chmod +x "$bin"
+trap 'rm -f "$msgs"; mv -f "$real" "$bin"' EXIT
+
+failed=()
+for t in "${tests[@]}"; do
+    echo "---- $QEMU $(basename "$t")"
+    "$QEMU" "$t" || failed+=("$(basename "$t")")
+done
+echo "qemu-tests ($TARGET): ${#tests[@]} test executables, ${#failed[@]} failed ${failed[*]:-}"
+[ "${#failed[@]}" -eq 0 ]
