@@ -8,9 +8,10 @@
 //! 2.3× the page faults and twice the system time (see docs/deploy.md). glibc avoids most of it
 //! by keeping freed blocks up to 32 MiB in its heap.
 //!
-//! [`CachingAlloc`] keeps up to [`CACHE_BYTES`] of freed blocks of at least [`MIN_CACHED`] bytes
-//! (in [`SLOTS`] slots, oldest evicted first) and hands them back to the next allocation of the
-//! same size class and alignment. Sizes are rounded up to classes 1/8 of a power of two apart
+//! [`CachingAlloc`] keeps up to [`DEFAULT_CACHE_BYTES`] of freed blocks of at least [`MIN_CACHED`]
+//! bytes (in [`SLOTS`] slots, oldest evicted first) and hands them back to the next allocation of
+//! the same size class and alignment. `EDGERUN_ALLOC_CACHE_MB` sets the budget (`0` turns the
+//! cache off); the peak RSS can be up to that much above the live peak. Sizes are rounded up to classes 1/8 of a power of two apart
 //! (at most 12.5 % slack), so tensors whose sizes differ slightly share blocks. Small blocks go
 //! straight to the system allocator. Pure Rust, no dependency, works for every target; only the
 //! musl builds install it (`src/main.rs`), glibc's malloc is left alone.
@@ -18,14 +19,18 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Blocks from this size up are cached (musl's mmap threshold is just under 128 KiB).
 pub const MIN_CACHED: usize = 128 << 10;
 /// Blocks above this size are never cached (nor rounded).
 const MAX_CACHED: usize = 1 << 40;
-/// The most bytes the cache holds; the peak RSS is at most this much above the live peak.
-pub const CACHE_BYTES: usize = 256 << 20;
+/// The most bytes the cache holds unless `EDGERUN_ALLOC_CACHE_MB` says otherwise.
+pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+/// The environment variable that sets the cache budget in MiB.
+pub const BUDGET_VAR: &str = "EDGERUN_ALLOC_CACHE_MB";
+const UNSET: usize = usize::MAX;
 /// The most blocks the cache holds.
 pub const SLOTS: usize = 64;
 
@@ -62,12 +67,34 @@ unsafe impl Send for Cache {}
 /// The system allocator with a bounded cache of freed large blocks (see the module docs).
 pub struct CachingAlloc {
     cache: Mutex<Cache>,
+    budget: AtomicUsize,
 }
 
 impl CachingAlloc {
-    /// An allocator with an empty cache.
+    /// An allocator whose budget is read from `EDGERUN_ALLOC_CACHE_MB` on the first large free.
     pub const fn new() -> Self {
-        CachingAlloc { cache: Mutex::new(Cache { slots: [EMPTY; SLOTS], bytes: 0, seq: 0 }) }
+        Self::with_budget(UNSET)
+    }
+
+    /// An allocator caching at most `bytes`.
+    pub const fn with_budget(bytes: usize) -> Self {
+        CachingAlloc { cache: Mutex::new(Cache { slots: [EMPTY; SLOTS], bytes: 0, seq: 0 }), budget: AtomicUsize::new(bytes) }
+    }
+
+    /// The cache budget in bytes.
+    pub fn budget(&self) -> usize {
+        let b = self.budget.load(Ordering::Relaxed);
+        if b != UNSET {
+            return b;
+        }
+        // Store the default first: reading the variable allocates, and a free of that
+        // allocation must not come back here.
+        self.budget.store(DEFAULT_CACHE_BYTES, Ordering::Relaxed);
+        let b = std::env::var_os(BUDGET_VAR)
+            .and_then(|v| v.to_str()?.trim().parse::<usize>().ok())
+            .map_or(DEFAULT_CACHE_BYTES, |mb| mb.saturating_mul(1 << 20));
+        self.budget.store(b, Ordering::Relaxed);
+        b
     }
 
     fn lock(&self) -> MutexGuard<'_, Cache> {
@@ -97,7 +124,8 @@ impl CachingAlloc {
 
     /// Caches a freed block, evicting the oldest ones to stay within bounds; frees what is not kept.
     unsafe fn put(&self, p: *mut u8, size: usize, align: usize) {
-        if size > CACHE_BYTES / 2 {
+        let budget = self.budget();
+        if size > budget / 2 {
             System.dealloc(p, Layout::from_size_align_unchecked(size, align));
             return;
         }
@@ -107,7 +135,7 @@ impl CachingAlloc {
             let mut c = self.lock();
             loop {
                 let free = c.slots.iter().position(|s| s.ptr.is_null());
-                if let (Some(i), true) = (free, c.bytes + size <= CACHE_BYTES) {
+                if let (Some(i), true) = (free, c.bytes + size <= budget) {
                     c.seq += 1;
                     c.slots[i] = Slot { ptr: p, size, align, seq: c.seq };
                     c.bytes += size;
@@ -218,7 +246,7 @@ mod tests {
 
     #[test]
     fn freed_large_blocks_are_reused_and_zeroed_on_request() {
-        let a = CachingAlloc::new();
+        let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(3 << 20, 64).unwrap();
         unsafe {
             let p = a.alloc(l);
@@ -243,7 +271,7 @@ mod tests {
 
     #[test]
     fn small_blocks_bypass_the_cache() {
-        let a = CachingAlloc::new();
+        let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(1000, 8).unwrap();
         unsafe {
             let p = a.alloc(l);
@@ -254,7 +282,7 @@ mod tests {
 
     #[test]
     fn cache_stays_within_its_budget() {
-        let a = CachingAlloc::new();
+        let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(40 << 20, 16).unwrap();
         let small = Layout::from_size_align(200 << 10, 16).unwrap();
         unsafe {
@@ -262,15 +290,15 @@ mod tests {
             for p in ps {
                 a.dealloc(p, l);
             }
-            assert!(a.cached_bytes() <= CACHE_BYTES);
-            assert_eq!(a.cached_bytes(), CACHE_BYTES / class(l.size()).unwrap() * class(l.size()).unwrap());
+            assert!(a.cached_bytes() <= DEFAULT_CACHE_BYTES);
+            assert_eq!(a.cached_bytes(), DEFAULT_CACHE_BYTES / class(l.size()).unwrap() * class(l.size()).unwrap());
             let ps: Vec<_> = (0..SLOTS + 10).map(|_| a.alloc(small)).collect();
             for p in ps {
                 a.dealloc(p, small);
             }
-            assert!(a.cached_bytes() <= CACHE_BYTES);
+            assert!(a.cached_bytes() <= DEFAULT_CACHE_BYTES);
             // Too big to cache at all.
-            let huge = Layout::from_size_align(CACHE_BYTES, 16).unwrap();
+            let huge = Layout::from_size_align(DEFAULT_CACHE_BYTES, 16).unwrap();
             let before = a.cached_bytes();
             let p = a.alloc(huge);
             a.dealloc(p, huge);
@@ -280,7 +308,7 @@ mod tests {
 
     #[test]
     fn realloc_keeps_contents_across_classes() {
-        let a = CachingAlloc::new();
+        let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         unsafe {
             let mut l = Layout::from_size_align(1000, 8).unwrap();
             let mut p = a.alloc(l);
@@ -298,8 +326,20 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_budget_turns_the_cache_off() {
+        let a = CachingAlloc::with_budget(0);
+        let l = Layout::from_size_align(1 << 20, 16).unwrap();
+        unsafe {
+            let p = a.alloc(l);
+            a.dealloc(p, l);
+        }
+        assert_eq!(a.cached_bytes(), 0);
+        assert_eq!(a.budget(), 0);
+    }
+
+    #[test]
     fn threads_share_one_cache() {
-        let a = std::sync::Arc::new(CachingAlloc::new());
+        let a = std::sync::Arc::new(CachingAlloc::with_budget(DEFAULT_CACHE_BYTES));
         let hs: Vec<_> = (0..4)
             .map(|t| {
                 let a = a.clone();
@@ -317,6 +357,6 @@ mod tests {
         for h in hs {
             h.join().unwrap();
         }
-        assert!(a.cached_bytes() <= CACHE_BYTES);
+        assert!(a.cached_bytes() <= DEFAULT_CACHE_BYTES);
     }
 }

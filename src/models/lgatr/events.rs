@@ -41,7 +41,8 @@ pub fn forward_events(model: &dyn Model, events: &[NamedTensors], max_batch: usi
     let per = if max_batch == 0 { events.len().max(1) } else { max_batch };
     let mut results: Vec<Option<NamedTensors>> = vec![None; events.len()];
     for group in order.chunks(per) {
-        let n_max = group.iter().map(|&i| lens[i]).max().unwrap_or(0);
+        // (at least one slot: a group of empty events runs on one masked dummy item)
+        let n_max = group.iter().map(|&i| lens[i]).max().unwrap_or(0).max(1);
         let mut batch = NamedTensors::new();
         for name in &names {
             let mut rows = Vec::with_capacity(group.len());

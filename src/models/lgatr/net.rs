@@ -145,6 +145,9 @@ impl Lgatr {
         let n = dims[rank - 3];
         let b: usize = lead.iter().product();
         let t = b * n;
+        if t == 0 {
+            return Err(Error::Input(format!("empty input {dims:?} (no items)")));
+        }
         let mv = multivectors.to_device(&self.device)?.to_dtype(self.dtype)?.reshape((t, cfg.in_mv_channels * 16))?;
         let s = match (scalars, cfg.in_s_channels) {
             (Some(s), k) if k > 0 => {

@@ -389,6 +389,9 @@ impl LgatrSlim {
         let n = dims[rank - 3];
         let b: usize = dims[..rank - 3].iter().product();
         let t = b * n;
+        if t == 0 {
+            return Err(Error::Input(format!("empty input {dims:?} (no items)")));
+        }
         let v = vectors
             .to_device(&self.device)?
             .to_dtype(self.dtype)?
