@@ -585,7 +585,9 @@ impl Dinov2 {
         let ropes = match self.opts.rope {
             Some(r) => {
                 let (dt, dev) = (x.dtype(), x.device());
-                Some((Rope2d::grid(ph, pw, 1, 1, false, hd, r.base, dt, dev)?, Rope2d::grid(ph, pw, 1, s, true, hd, r.base, dt, dev)?))
+                let local = Rope2d::new(&Rope2d::grid_positions(ph, pw, 1, 1, false), hd, r.base, dt, dev)?;
+                let global = Rope2d::new(&Rope2d::grid_positions(ph, pw, 1, s, true), hd, r.base, dt, dev)?;
+                Some((local, global))
             }
             None => None,
         };

@@ -45,10 +45,10 @@ impl Rope2d {
         Ok(Rope2d { cos, sin, head_dim })
     }
 
-    /// A `ph`×`pw` patch grid at positions `(y + 1, x + 1)` (row-major) after `prefix` tokens at `(0, 0)`;
+    /// Positions of a `ph`×`pw` patch grid, `(y + 1, x + 1)` row-major after `prefix` tokens at `(0, 0)`;
     /// with `uniform`, every patch is at `(1, 1)` (the reference's `pos_nodiff` for global attention).
     /// The whole sequence is repeated `views` times (tokens of several views concatenated).
-    pub fn grid(ph: usize, pw: usize, prefix: usize, views: usize, uniform: bool, head_dim: usize, base: f32, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn grid_positions(ph: usize, pw: usize, prefix: usize, views: usize, uniform: bool) -> Vec<(usize, usize)> {
         let mut pos = Vec::with_capacity(views * (prefix + ph * pw));
         for _ in 0..views {
             pos.extend(std::iter::repeat_n((0, 0), prefix));
@@ -58,7 +58,7 @@ impl Rope2d {
                 }
             }
         }
-        Self::new(&pos, head_dim, base, dtype, device)
+        pos
     }
 
     /// Rotates `x` `[B, H, N, head_dim]` whose N tokens follow this table's order.
@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn position_zero_is_identity_and_norm_is_kept() {
         let dev = Device::Cpu;
-        let r = Rope2d::grid(2, 3, 1, 1, false, 8, 100.0, DType::F32, &dev).unwrap();
+        let r = Rope2d::new(&Rope2d::grid_positions(2, 3, 1, 1, false), 8, 100.0, DType::F32, &dev).unwrap();
         let x = Tensor::arange(0f32, (7 * 8) as f32, &dev).unwrap().reshape((1, 1, 7, 8)).unwrap();
         let y = r.apply(&x).unwrap();
         let first = y.narrow(2, 0, 1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
