@@ -29,15 +29,7 @@ pub fn read_checked(path: &Path, limits: &ImageLimits) -> Result<Encoded, String
         return Err("not a recognised image format".into());
     }
     let (w, h) = reader.into_dimensions().map_err(|e| format!("cannot read image header: {e}"))?;
-    if w == 0 || h == 0 {
-        return Err(format!("image has zero size {w}×{h}"));
-    }
-    if w > limits.max_side || h > limits.max_side || (w as u64) * (h as u64) > limits.max_pixels {
-        return Err(format!(
-            "image is {w}×{h}, larger than the limit ({} px per side, {} pixels)",
-            limits.max_side, limits.max_pixels
-        ));
-    }
+    crate::imageio::decode::check_size(w, h, limits)?;
     Ok(Encoded { bytes, width: w, height: h })
 }
 

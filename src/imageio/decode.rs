@@ -54,7 +54,8 @@ pub fn load_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage> {
     Ok(img.into_rgb8())
 }
 
-fn check_size(w: u32, h: u32, limits: &ImageLimits) -> std::result::Result<(), String> {
+/// Checks a declared image size against `limits` (zero sizes and oversized images are refused).
+pub fn check_size(w: u32, h: u32, limits: &ImageLimits) -> std::result::Result<(), String> {
     if w == 0 || h == 0 {
         return Err(format!("image has zero size {w}×{h}"));
     }

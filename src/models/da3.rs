@@ -589,7 +589,7 @@ impl Model for Da3 {
     /// `pixel_values` `[B, S, 3, H, W]` → `depth`, `depth_conf` / `sky` `[B, S, H, W]`; a 4-D
     /// `[B, 3, H, W]` input is one view per sample and gives `[B, H, W]` outputs.
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
-        let x = inputs.get("pixel_values").ok_or_else(|| Error::Input("missing input `pixel_values`".into()))?;
+        let x = super::required(inputs, "pixel_values")?;
         let single = match x.rank() {
             4 => true,
             5 => false,

@@ -187,7 +187,7 @@ impl Model for DepthAnything {
     }
 
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
-        let x = inputs.get("pixel_values").ok_or_else(|| Error::Input("missing input `pixel_values`".into()))?;
+        let x = super::required(inputs, "pixel_values")?;
         let mut out = NamedTensors::new();
         out.insert("predicted_depth".into(), self.forward(x)?);
         Ok(out)

@@ -24,6 +24,11 @@ pub trait Model: Send + Sync {
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors>;
 }
 
+/// The input tensor `name`, or an error naming it.
+pub fn required<'a>(inputs: &'a NamedTensors, name: &str) -> Result<&'a Tensor> {
+    inputs.get(name).ok_or_else(|| crate::error::Error::Input(format!("missing input `{name}`")))
+}
+
 /// The architectures `load` knows, as `model_type` strings.
 pub const ARCHITECTURES: &[&str] = &["chmv2", "da3", "da3_metric", "da3_mono", "depth_anything", "lgatr", "lgatr_slim", "segformer", ];
 
