@@ -4,17 +4,18 @@
 //! musl's malloc hands every block above ~128 KiB straight to `mmap` and gives it back with
 //! `munmap` on free, so each tensor of a forward pass (a DA-V2-Small layer allocates and frees
 //! blocks of 2–45 MB over and over) costs a fresh mapping and one page fault per 4 KiB page.
-//! Measured on DA-V2-Small 518×518, that made the musl binary ~45 % slower than the glibc one, with
-//! 2.3× the page faults and twice the system time (see docs/deploy.md). glibc avoids most of it
-//! by keeping freed blocks up to 32 MiB in its heap.
+//! On DA-V2-Small 518×518 that made the musl binary ~30–45 % slower than the glibc one, with 2.3×
+//! the page faults and over twice the system time (docs/deploy.md). glibc avoids most of it by
+//! keeping freed blocks of up to 32 MiB in its heap.
 //!
-//! [`CachingAlloc`] keeps up to [`DEFAULT_CACHE_BYTES`] of freed blocks of at least [`MIN_CACHED`]
-//! bytes (in [`SLOTS`] slots, oldest evicted first) and hands them back to the next allocation of
-//! the same size class and alignment. `EDGERUN_ALLOC_CACHE_MB` sets the budget (`0` turns the
-//! cache off); the peak RSS can be up to that much above the live peak. Sizes are rounded up to classes 1/8 of a power of two apart
-//! (at most 12.5 % slack), so tensors whose sizes differ slightly share blocks. Small blocks go
-//! straight to the system allocator. Pure Rust, no dependency, works for every target; only the
-//! musl builds install it (`src/main.rs`), glibc's malloc is left alone.
+//! [`CachingAlloc`] keeps up to [`DEFAULT_CACHE_BYTES`] of freed blocks of at least
+//! [`MIN_CACHED`] bytes (in [`SLOTS`] slots, oldest evicted first) and hands them back to the next
+//! allocation of the same size class and alignment. Sizes are rounded up to classes 1/8 of a
+//! power of two apart (at most 12.5 % slack), so tensors whose sizes differ slightly share blocks.
+//! Small blocks go straight to the system allocator. `EDGERUN_ALLOC_CACHE_MB` sets the budget
+//! (`0` turns the cache off); the peak RSS is at most that much above what the live blocks need.
+//! Pure Rust, no dependency, works for every target; only the musl builds install it
+//! (`src/main.rs`): glibc's malloc is left alone.
 #![cfg_attr(not(target_env = "musl"), allow(dead_code))]
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -27,7 +28,7 @@ pub const MIN_CACHED: usize = 128 << 10;
 /// Blocks above this size are never cached (nor rounded).
 const MAX_CACHED: usize = 1 << 40;
 /// The most bytes the cache holds unless `EDGERUN_ALLOC_CACHE_MB` says otherwise.
-pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+pub const DEFAULT_CACHE_BYTES: usize = 128 << 20;
 /// The environment variable that sets the cache budget in MiB.
 pub const BUDGET_VAR: &str = "EDGERUN_ALLOC_CACHE_MB";
 const UNSET: usize = usize::MAX;
@@ -58,6 +59,35 @@ struct Cache {
     slots: [Slot; SLOTS],
     bytes: usize,
     seq: u64,
+}
+
+/// Blocks taken out of the cache under the lock, to be freed after it is released.
+struct Evicted {
+    slots: [Slot; SLOTS],
+    n: usize,
+}
+
+impl Evicted {
+    fn new() -> Self {
+        Evicted { slots: [EMPTY; SLOTS], n: 0 }
+    }
+
+    /// Moves the oldest cached block here and returns its size (0 when the cache is empty).
+    fn evict_oldest(&mut self, c: &mut Cache) -> usize {
+        let Some(i) = (0..SLOTS).filter(|&i| !c.slots[i].ptr.is_null()).min_by_key(|&i| c.slots[i].seq) else { return 0 };
+        let s = c.slots[i];
+        c.slots[i] = EMPTY;
+        c.bytes -= s.size;
+        self.slots[self.n] = s;
+        self.n += 1;
+        s.size
+    }
+
+    unsafe fn free(&self) {
+        for s in &self.slots[..self.n] {
+            System.dealloc(s.ptr, Layout::from_size_align_unchecked(s.size, s.align));
+        }
+    }
 }
 
 // SAFETY: the cache only stores pointers to blocks nobody else owns; they move between threads
@@ -102,7 +132,7 @@ impl CachingAlloc {
         self.cache.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the most recently freed cached block of exactly `size` bytes and `align`.
+    /// Takes the most recently freed cached block of exactly `size` bytes and `align`, or null.
     fn take(&self, size: usize, align: usize) -> *mut u8 {
         let mut c = self.lock();
         let mut best: Option<usize> = None;
@@ -111,15 +141,11 @@ impl CachingAlloc {
                 best = Some(i);
             }
         }
-        match best {
-            Some(i) => {
-                let p = c.slots[i].ptr;
-                c.slots[i] = EMPTY;
-                c.bytes -= size;
-                p
-            }
-            None => ptr::null_mut(),
-        }
+        let Some(i) = best else { return ptr::null_mut() };
+        let p = c.slots[i].ptr;
+        c.slots[i] = EMPTY;
+        c.bytes -= size;
+        p
     }
 
     /// Caches a freed block, evicting the oldest ones to stay within bounds; frees what is not kept.
@@ -129,8 +155,7 @@ impl CachingAlloc {
             System.dealloc(p, Layout::from_size_align_unchecked(size, align));
             return;
         }
-        let mut evicted = [EMPTY; SLOTS];
-        let mut n = 0;
+        let mut evicted = Evicted::new();
         {
             let mut c = self.lock();
             loop {
@@ -141,17 +166,15 @@ impl CachingAlloc {
                     c.bytes += size;
                     break;
                 }
-                // Evict the oldest block (there is one: the cache is full or over budget).
-                let i = (0..SLOTS).filter(|&i| !c.slots[i].ptr.is_null()).min_by_key(|&i| c.slots[i].seq).expect("non-empty cache");
-                evicted[n] = c.slots[i];
-                n += 1;
-                c.bytes -= c.slots[i].size;
-                c.slots[i] = EMPTY;
+                // The cache is full or over budget, so there is a block to evict.
+                if evicted.evict_oldest(&mut c) == 0 {
+                    drop(c);
+                    System.dealloc(p, Layout::from_size_align_unchecked(size, align));
+                    break;
+                }
             }
         }
-        for s in &evicted[..n] {
-            System.dealloc(s.ptr, Layout::from_size_align_unchecked(s.size, s.align));
-        }
+        evicted.free();
     }
 
     /// Bytes held in the cache now.
@@ -265,7 +288,9 @@ mod tests {
             let l3 = Layout::from_size_align(l.size(), 4096).unwrap();
             let r = a.alloc(l3);
             assert!(r != p && r as usize % 4096 == 0);
+            assert_eq!(a.cached_bytes(), class(l.size()).unwrap());
             a.dealloc(r, l3);
+            assert_eq!(a.cached_bytes(), 2 * class(l.size()).unwrap());
         }
     }
 
@@ -283,7 +308,7 @@ mod tests {
     #[test]
     fn cache_stays_within_its_budget() {
         let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
-        let l = Layout::from_size_align(40 << 20, 16).unwrap();
+        let l = Layout::from_size_align(DEFAULT_CACHE_BYTES / 6, 16).unwrap();
         let small = Layout::from_size_align(200 << 10, 16).unwrap();
         unsafe {
             let ps: Vec<_> = (0..10).map(|_| a.alloc(l)).collect();

@@ -6,6 +6,7 @@ mod depth;
 mod doctor;
 mod edges;
 mod forward;
+mod lgatr;
 mod inspect;
 mod quantize;
 mod segment;
@@ -43,6 +44,8 @@ enum Command {
     Chm(chm::Args),
     /// Annotate a dataset (depth → edges → segmentation → canopy height): resumable, shardable.
     Annotate(annotate::Args),
+    /// L-GATr on batches of particle events of different lengths.
+    Lgatr(lgatr::Args),
 }
 
 /// Runs the parsed command.
@@ -60,6 +63,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Doctor(a) => doctor::run(a),
         Command::Segment(a) => segment::run(a),
         Command::Annotate(a) => annotate::run(a),
+        Command::Lgatr(a) => lgatr::run(a),
         Command::Chm(a) => chm::run(a),
     }
 }

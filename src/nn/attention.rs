@@ -12,7 +12,8 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor
     let (b, h, nq, _) = q.dims4()?;
     let nk = k.dim(2)?;
     let q = (q * scale)?;
-    let kt = k.t()?.contiguous()?;
+    // A transposed (strided) k multiplies faster than a contiguous copy of kᵀ.
+    let kt = k.t()?;
     let per_row = b * h * nk;
     let chunk = (MAX_SCORE_ELEMS / per_row.max(1)).max(1);
     let attend = |q: &Tensor, bias: Option<Tensor>| -> Result<Tensor> {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the whole test suite for a foreign target and runs it under qemu-user, from the repo root
-# (where cargo runs tests), then runs the given binary on the bundled example. Used by .ci/run.
+# Builds the whole test suite for a foreign target and runs every test executable under qemu-user,
+# from the repo root (where cargo runs tests). Used by .ci/run.
 #
 #   tools/ci/qemu-tests.sh [TARGET]          (default aarch64-unknown-linux-musl; QEMU=qemu-aarch64)
 #

@@ -43,7 +43,9 @@ pub fn abs_squared_norm(x: &Tensor) -> Result<Tensor> {
     let r = sq.elem_count() / 16;
     let per_grade = sq.reshape((r, 16))?.matmul(&m)?.abs()?.sum_keepdim(1)?;
     let mut out = dims;
-    *out.last_mut().unwrap_or(&mut 0) = 1;
+    if let Some(last) = out.last_mut() {
+        *last = 1;
+    }
     Ok(per_grade.reshape(out)?)
 }
 
