@@ -535,7 +535,11 @@ fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
         assert_eq!((h, w), (img.height() as usize, img.width() as usize));
         let want = est.predict(&[&img], &["x".into()], 1).unwrap().remove(0);
         let want16: Vec<f32> = want.values.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect();
-        assert_eq!(v, want16, "{stem}");
+        // Equal up to one float16 step: thread scheduling can change float summation order.
+        assert_eq!(v.len(), want16.len(), "{stem}");
+        for (a, b) in v.iter().zip(&want16) {
+            assert!((a - b).abs() <= 2e-3 * b.abs().max(1.0), "{stem}: {a} vs {b}");
+        }
         assert!(out.join(format!("chm/tiles/{stem}.viz.png")).is_file());
         let tif = out.join(format!("chm/tiles/{stem}.tif"));
         let geo_in = edgerun::geotiff::GeoReference::read(&src).unwrap();
