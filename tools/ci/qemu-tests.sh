@@ -10,7 +10,8 @@
 # container). So after building, the binary at that path is swapped for a two-line shell wrapper
 # that execs qemu on the real binary, and the test executables are run here one by one
 # (`cargo test` itself would re-link the real binary over the wrapper). Doc tests are left to
-# the native `cargo test`.
+# the native `cargo test`; the few tests that cannot pass under emulation are listed in SKIP
+# below with the reason. Details and timings: docs/deploy.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGET=${1:-aarch64-unknown-linux-musl}
