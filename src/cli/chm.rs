@@ -4,12 +4,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
-use edgerun::imageio::{load_rgb, write_npy_f16, ImageLimits};
+use edgerun::imageio::write_npy_f16;
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
 use image::RgbImage;
 
-use super::common::{ensure_dir, images_with_stems, Compute};
+use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
 
 /// Arguments of `chm`.
 #[derive(clap::Args, Debug)]
@@ -65,7 +65,6 @@ fn write_outputs(a: &Args, path: &Path, stem: &str, img: &RgbImage, m: &HeightMa
 
 /// Runs `chm`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     let (device, dtype) = a.compute.resolve()?;
     let head = match &a.head_dtype {
         Some(s) => parse_dtype(s)?,
@@ -75,20 +74,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let items = images_with_stems(&a.inputs)?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
     ensure_dir(&a.out)?;
-    let limits = ImageLimits::default();
-    for chunk in items.chunks(a.batch) {
-        let imgs = chunk.iter().map(|(p, _)| load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
-        let geos = chunk
+    for_each_batch("chm", &items, a.batch, |b| {
+        let geos = b
+            .items
             .iter()
             .map(|(p, _)| if a.no_geotiff { Ok(None) } else { GeoReference::read(p) })
             .collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&RgbImage> = imgs.iter().collect();
-        let labels: Vec<String> = chunk.iter().map(|(p, _)| p.display().to_string()).collect();
-        let maps = est.predict(&refs, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))?;
-        for ((((path, stem), m), img), geo) in chunk.iter().zip(&maps).zip(&imgs).zip(&geos) {
+        let labels: Vec<String> = b.items.iter().map(|(p, _)| p.display().to_string()).collect();
+        let maps = est.predict(&b.images, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))?;
+        for ((((path, stem), m), img), geo) in b.items.iter().zip(&maps).zip(&b.images).zip(&geos) {
             write_outputs(&a, path, stem, img, m, geo.as_ref()).with_context(|| format!("writing outputs of {}", path.display()))?;
         }
-        eprintln!("chm: {}", labels.join(", "));
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -43,3 +43,37 @@ pub fn images_with_stems(inputs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, Str
 pub fn ensure_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))
 }
+
+/// One batch handed to [`for_each_batch`]: the inputs with their output stems, and the decoded images.
+pub struct Batch<'a> {
+    /// `(path, stem)` of each image.
+    pub items: &'a [(PathBuf, String)],
+    /// The decoded images, in the same order.
+    pub images: Vec<&'a image::RgbImage>,
+}
+
+impl Batch<'_> {
+    /// The input paths, comma-separated (for messages).
+    pub fn names(&self) -> String {
+        self.items.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// Decodes `items` (under the default size limits) `batch` at a time and hands each batch to `f`,
+/// then reports it on stderr as `<command>: <paths>`.
+pub fn for_each_batch(
+    command: &str,
+    items: &[(PathBuf, String)],
+    batch: usize,
+    mut f: impl FnMut(&Batch) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(batch >= 1, "--batch must be at least 1");
+    let limits = edgerun::imageio::ImageLimits::default();
+    for chunk in items.chunks(batch) {
+        let decoded = chunk.iter().map(|(p, _)| edgerun::imageio::load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
+        let b = Batch { items: chunk, images: decoded.iter().collect() };
+        f(&b)?;
+        eprintln!("{command}: {}", b.names());
+    }
+    Ok(())
+}

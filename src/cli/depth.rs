@@ -4,11 +4,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
-use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8};
 use edgerun::models::da3::SKY_THRESHOLD;
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
 
-use super::common::{ensure_dir, images_with_stems, Compute};
+use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
 
 /// Arguments of `depth`.
 #[derive(clap::Args, Debug)]
@@ -68,23 +68,17 @@ fn write_outputs(a: &Args, stem: &str, p: &DepthPrediction) -> anyhow::Result<()
 
 /// Runs `depth`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     let (device, dtype) = a.compute.resolve()?;
     let items = images_with_stems(&a.inputs)?;
     let est = DepthEstimator::load(&a.model, &device, dtype)
         .and_then(|e| e.with_focal(a.focal))
         .with_context(|| format!("cannot load depth model {}", a.model.display()))?;
     ensure_dir(&a.out)?;
-    let limits = ImageLimits::default();
-    for chunk in items.chunks(a.batch) {
-        let imgs = chunk.iter().map(|(p, _)| load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&image::RgbImage> = imgs.iter().collect();
-        let names = || chunk.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        let maps = est.predict_all(&refs, a.batch).with_context(|| format!("depth failed on {}", names()))?;
-        for ((path, stem), d) in chunk.iter().zip(&maps) {
+    for_each_batch("depth", &items, a.batch, |b| {
+        let maps = est.predict_all(&b.images, a.batch).with_context(|| format!("depth failed on {}", b.names()))?;
+        for ((path, stem), d) in b.items.iter().zip(&maps) {
             write_outputs(&a, stem, d).with_context(|| format!("writing outputs of {}", path.display()))?;
         }
-        eprintln!("depth: {}", names());
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -6,10 +6,10 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use edgerun::imageio::{load_rgb, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::{write_png_gray8, write_png_rgb8};
 use edgerun::models::segformer::{ClassMap, Segmenter};
 
-use super::common::{ensure_dir, images_with_stems, Compute};
+use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
 
 /// Arguments of `segment`.
 #[derive(clap::Args, Debug)]
@@ -47,7 +47,6 @@ fn parse_size(s: &str) -> Result<(usize, usize), String> {
 
 /// Runs `segment`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    anyhow::ensure!(a.batch >= 1, "--batch must be at least 1");
     let (device, dtype) = a.compute.resolve()?;
     let items = images_with_stems(&a.inputs)?;
     let mut seg = Segmenter::load(&a.model, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
@@ -61,13 +60,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let meta = map.metadata_json();
     let model_name = a.model.display().to_string();
     ensure_dir(&a.out)?;
-    let limits = ImageLimits::default();
-    for chunk in items.chunks(a.batch) {
-        let imgs = chunk.iter().map(|(p, _)| load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
-        let refs: Vec<&image::RgbImage> = imgs.iter().collect();
-        let names = || chunk.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", ");
-        let masks = seg.segment(&refs).with_context(|| format!("segmentation failed on {}", names()))?;
-        for (((path, stem), img), ids) in chunk.iter().zip(&imgs).zip(&masks) {
+    for_each_batch("segment", &items, a.batch, |b| {
+        let masks = seg.segment(&b.images).with_context(|| format!("segmentation failed on {}", b.names()))?;
+        for (((path, stem), img), ids) in b.items.iter().zip(&b.images).zip(&masks) {
             let (w, h) = img.dimensions();
             let out = map.apply(ids)?;
             let text = [("Software", "edgerun segment"), ("edgerun:model", model_name.as_str()), ("edgerun:classes", meta.as_str())];
@@ -78,7 +73,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     .with_context(|| format!("writing the palette image of {}", path.display()))?;
             }
         }
-        eprintln!("segment: {}", names());
-    }
-    Ok(())
+        Ok(())
+    })
 }
