@@ -39,14 +39,14 @@ fn cuda(ordinal: usize) -> Result<Device> {
     if !cfg!(feature = "cuda") {
         return Err(Error::Device("CUDA was requested but this edgerun was built without the `cuda` feature".into()));
     }
-    Device::new_cuda(ordinal).map_err(|e| Error::Device(format!("cannot open CUDA device {ordinal}: {e}")))
+    Device::new_cuda(ordinal).map_err(|e| Error::Device(format!("cannot open CUDA device {ordinal}: {}", Error::candle_message(&e))))
 }
 
 fn metal(ordinal: usize) -> Result<Device> {
     if !cfg!(feature = "metal") {
         return Err(Error::Device("Metal was requested but this edgerun was built without the `metal` feature".into()));
     }
-    Device::new_metal(ordinal).map_err(|e| Error::Device(format!("cannot open Metal device {ordinal}: {e}")))
+    Device::new_metal(ordinal).map_err(|e| Error::Device(format!("cannot open Metal device {ordinal}: {}", Error::candle_message(&e))))
 }
 
 /// Parses a `--dtype` argument (`f32`, `f16`, `bf16`).

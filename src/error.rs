@@ -58,6 +58,14 @@ impl Error {
         Error::BadTensor { path: path.into(), name: name.into(), msg: msg.into() }
     }
 
+    /// The message of a Candle error without the backtrace Candle attaches when `RUST_BACKTRACE` is set.
+    pub fn candle_message(e: &candle_core::Error) -> String {
+        match e {
+            candle_core::Error::WithBacktrace { inner, .. } => Self::candle_message(inner),
+            other => other.to_string(),
+        }
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io { path: path.into(), source }

@@ -1,5 +1,7 @@
 //! `edgerun annotate`: end-to-end on a generated image tree with the tiny fixture models, resume after
 //! kill -9 at random points, failed inputs, fallback models, sharding + merge, the cached input list.
+mod common;
+use common::dev;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -149,8 +151,8 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
     assert!(out.join("summary.json").is_file());
 
     // Outputs mirror the tree and equal what the task APIs produce.
-    let est = edgerun::tasks::depth::DepthEstimator::load(&m.depth, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
-    let seg = edgerun::models::segformer::Segmenter::load(&m.seg, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap();
+    let est = edgerun::tasks::depth::DepthEstimator::load(&m.depth, &dev(), candle_core::DType::F32).unwrap();
+    let seg = edgerun::models::segformer::Segmenter::load(&m.seg, &dev(), candle_core::DType::F32).unwrap();
     for rel in &rels {
         let stem = rel.rsplit_once('.').unwrap().0;
         let img = image::open(input.join(rel)).unwrap().into_rgb8();
@@ -163,7 +165,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
             assert!((a - b).abs() <= 2e-3 * max, "{rel}: depth {a} vs {b}");
         }
         // Edges are the Sobel magnitude of the stored depth.
-        let t = candle_core::Tensor::from_vec(depth.clone(), (1, 1, h, w), &candle_core::Device::Cpu).unwrap();
+        let t = candle_core::Tensor::from_vec(depth.clone(), (1, 1, h, w), &dev()).unwrap();
         let e = edgerun::edges::sobel_magnitude(&t).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let (_, edges) = npy(&out.join(format!("edges/{stem}.npy")));
         let e16: Vec<f32> = e.iter().map(|v| half::f16::from_f32(*v).to_f32()).collect();
@@ -524,7 +526,7 @@ fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
     assert_eq!((s.processed, s.failed), (3, 0), "{}", s.render());
     let est = edgerun::tasks::chm::ChmEstimator::load(
         &fixture("chmv2_tiny"),
-        &candle_core::Device::Cpu,
+        &dev(),
         edgerun::models::chmv2::Precision::uniform(candle_core::DType::F32),
     )
     .unwrap();

@@ -3,7 +3,7 @@ mod common;
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use common::*;
 use edgerun::models::chmv2::{Chmv2, FeaturesToDepth};
 use edgerun::nn::rope;
@@ -13,7 +13,7 @@ fn load(name: &str, dtype: DType) -> Chmv2 {
     let dir = fixture(name);
     let store = Arc::new(WeightStore::open(&dir).unwrap_or_else(|e| panic!("open {name}: {e}")));
     let cfg = store.config().clone();
-    Chmv2::load(&Vb::new(store, dtype, Device::Cpu), &cfg).unwrap_or_else(|e| panic!("load {name}: {e}"))
+    Chmv2::load(&Vb::new(store, dtype, dev()), &cfg).unwrap_or_else(|e| panic!("load {name}: {e}"))
 }
 
 fn parity(name: &str) {
@@ -29,7 +29,7 @@ fn parity(name: &str) {
     let cfg = model.backbone().config();
     let (cos, sin) = rope::tables(h / p, w / p, cfg.head_dim(), cfg.rope_theta).unwrap();
     let n = (h / p) * (w / p);
-    let as_t = |v: Vec<f32>| Tensor::from_vec(v, (n, cfg.head_dim()), &Device::Cpu).unwrap();
+    let as_t = |v: Vec<f32>| Tensor::from_vec(v, (n, cfg.head_dim()), &dev()).unwrap();
     assert_close(&format!("{name} rope_cos"), &as_t(cos), &expected["rope_cos"], 1e-6);
     assert_close(&format!("{name} rope_sin"), &as_t(sin), &expected["rope_sin"], 1e-6);
 
@@ -79,7 +79,7 @@ fn bins_and_norm_strategies() {
     let dir = fixture("chmv2_bins");
     let e = tensors(&dir, "expected.safetensors");
     let f = FeaturesToDepth::new("chmv2_mixlog", "chmv2_mixlog", 0.001, 96.0).unwrap();
-    let bins = Tensor::from_vec(f.bins(16), 16, &Device::Cpu).unwrap();
+    let bins = Tensor::from_vec(f.bins(16), 16, &dev()).unwrap();
     assert_close("mixlog bins", &bins, &e["mixlog_bins"], 1e-6);
     for b in ["linear", "log", "chmv2_mixlog"] {
         for n in ["linear", "softmax", "sigmoid", "chmv2_mixlog"] {
@@ -119,7 +119,7 @@ fn reduced_precision_stays_finite() {
             ("f32 backbone + f16 head", Precision { backbone: DType::F32, head: DType::F16 }),
             ("f16 backbone + f32 head", Precision { backbone: DType::F16, head: DType::F32 }),
         ] {
-            let m = Chmv2::load_with(&Vb::new(store.clone(), DType::F32, Device::Cpu), &cfg, p).unwrap();
+            let m = Chmv2::load_with(&Vb::new(store.clone(), DType::F32, dev()), &cfg, p).unwrap();
             let got = m.forward(&inputs["pixel_values"]).unwrap();
             let (err, max_ref) = errors(&got, &expected["predicted_depth"]);
             eprintln!("{name} {label}: max abs error {err:.4} m (max|ref| {max_ref:.2})");
@@ -130,7 +130,7 @@ fn reduced_precision_stays_finite() {
 
 mod preprocess {
     use super::common::*;
-    use candle_core::{Device, Tensor};
+    use candle_core::Tensor;
     use edgerun::imageio::{load_rgb, ImageLimits};
     use edgerun::tasks::chm::{centre_pad, resize_back, ChmPreprocess};
 
@@ -145,7 +145,7 @@ mod preprocess {
         let pre = ChmPreprocess::for_model(&dir).unwrap();
         assert!(!pre.do_resize && pre.do_pad && pre.size_divisor == 16);
         for tag in ["pad", "exact"] {
-            let got = pre.pixel_values(&image(&format!("image_{tag}.png")), &Device::Cpu).unwrap();
+            let got = pre.pixel_values(&image(&format!("image_{tag}.png")), &dev()).unwrap();
             assert_close(&format!("pixel_values_{tag}"), &got, &e[&format!("pixel_values_{tag}")], 1e-5);
         }
         assert_eq!(pre.input_size(37, 50), (48, 64));
@@ -159,7 +159,7 @@ mod preprocess {
         let dir = fixture("chmv2_preprocess");
         let e = tensors(&dir, "expected.safetensors");
         let pre = ChmPreprocess::from_file(&dir.join("preprocessor_config_resize.json")).unwrap();
-        let got = pre.pixel_values(&image("image_pad.png"), &Device::Cpu).unwrap();
+        let got = pre.pixel_values(&image("image_pad.png"), &dev()).unwrap();
         let (err, _) = errors(&got, &e["pixel_values_pad_resize"]);
         let one_level = 1.0 / 255.0 / 0.143 + 1e-4;
         eprintln!("resize vs torchvision: max abs error {err:e} (one level {one_level:e})");
@@ -172,7 +172,7 @@ mod preprocess {
         let d = &e["post_depth"];
         for (i, (oh, ow)) in [(37usize, 50usize), (100, 61)].into_iter().enumerate() {
             let v = d.get(i).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let got = Tensor::from_vec(resize_back(&v, 48, 64, oh, ow).unwrap(), (oh, ow), &Device::Cpu).unwrap();
+            let got = Tensor::from_vec(resize_back(&v, 48, 64, oh, ow).unwrap(), (oh, ow), &dev()).unwrap();
             assert_close(&format!("post_{i}"), &got, &e[&format!("post_{i}")], 1e-5);
         }
     }
@@ -201,7 +201,7 @@ fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
     let expected = tensors(&dir, "expected.safetensors");
     let store = Arc::new(WeightStore::open(&out).unwrap());
     let cfg = store.config().clone();
-    let m = Chmv2::load(&Vb::new(store, DType::F32, Device::Cpu), &cfg).unwrap();
+    let m = Chmv2::load(&Vb::new(store, DType::F32, dev()), &cfg).unwrap();
     // Bin logits are the quantity to bound: with random weights most of this tiny model's pixels have
     // near-zero ReLU'd bin mass, where the mixlog normalisation turns tiny logit changes into metres.
     let logits = m.head_logits(&inputs["pixel_values"]).unwrap();
@@ -221,17 +221,17 @@ fn non_finite_heights_name_the_image_and_dtype() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
     // Patch embeddings scaled by 1e6: activations overflow f16 (max 65504), not f32.
-    let mut t = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let mut t = candle_core::safetensors::load(src.join("model.safetensors"), &dev()).unwrap();
     let k = "backbone.embeddings.patch_embeddings.weight";
     let w = (t[k].clone() * 1e6).unwrap();
     t.insert(k.to_string(), w);
     candle_core::safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
     let img = image::RgbImage::from_fn(40, 30, |x, y| image::Rgb([(x * 6) as u8, (y * 8) as u8, 128]));
     let labels = vec!["field_07.tif".to_string()];
-    let est = ChmEstimator::load(tmp.path(), &Device::Cpu, Precision::uniform(DType::F16)).unwrap();
+    let est = ChmEstimator::load(tmp.path(), &dev(), Precision::uniform(DType::F16)).unwrap();
     let e = est.predict(&[&img], &labels, 1).unwrap_err().to_string();
     assert!(e.contains("field_07.tif") && e.contains("f16") && e.contains("non-finite") && e.contains("backbone"), "{e}");
-    let est = ChmEstimator::load(tmp.path(), &Device::Cpu, Precision::uniform(DType::F32)).unwrap();
+    let est = ChmEstimator::load(tmp.path(), &dev(), Precision::uniform(DType::F32)).unwrap();
     let maps = est.predict(&[&img], &labels, 1).unwrap();
     assert_eq!((maps[0].height, maps[0].width), (30, 40));
     assert!(maps[0].values.iter().all(|v| v.is_finite()));

@@ -4,7 +4,7 @@ mod common;
 
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use common::*;
 use edgerun::imageio::{load_rgb, ImageLimits};
 use edgerun::models::da3::replace_sky_depth;
@@ -70,7 +70,7 @@ fn mono_sky_replacement_matches_the_package_per_image() {
         assert!(replace_sky_depth(&mut d, &s).is_some(), "fixture should have sky and non-sky pixels");
         replaced.extend(d);
     }
-    let got = Tensor::from_vec(replaced, (b, h, w), &Device::Cpu).unwrap();
+    let got = Tensor::from_vec(replaced, (b, h, w), &dev()).unwrap();
     assert_close("depth_sky_replaced", &got, &expected["depth_sky_replaced"], F32_REL);
 }
 
@@ -78,7 +78,7 @@ fn mono_sky_replacement_matches_the_package_per_image() {
 fn ray_branch_and_camera_modules_are_never_read() {
     let src = fixture("da3_anyview");
     let tmp = tempfile::tempdir().unwrap();
-    let all = read_tensors(&src.join("model.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let all = read_tensors(&src.join("model.safetensors"), DType::F32, &dev()).unwrap();
     let n_all = all.len();
     let kept: edgerun::models::NamedTensors =
         all.into_iter().filter(|(k, _)| !(k.contains("_aux") || k.starts_with("model.cam_enc.") || k.starts_with("model.cam_dec."))).collect();
@@ -100,20 +100,20 @@ fn hub_config_is_recognised_by_model_name_and_bad_shapes_are_errors() {
     let store = WeightStore::open(tmp.path()).unwrap();
     assert_eq!(store.architecture().as_deref(), Some("da3_mono"));
     // the preset is ViT-L; the tiny weights do not fit it: an error, not a panic
-    let err = edgerun::models::load(Arc::new(store), &Device::Cpu, DType::F32).err().expect("shape mismatch must fail");
+    let err = edgerun::models::load(Arc::new(store), &dev(), DType::F32).err().expect("shape mismatch must fail");
     assert!(err.to_string().contains("shape") || err.to_string().contains("expected"), "{err}");
     std::fs::write(tmp.path().join("config.json"), r#"{"model_name": "da3nested-giant-large"}"#).unwrap();
     let store = WeightStore::open(tmp.path()).unwrap();
-    assert!(edgerun::models::load(Arc::new(store), &Device::Cpu, DType::F32).is_err());
+    assert!(edgerun::models::load(Arc::new(store), &dev(), DType::F32).is_err());
 }
 
 #[test]
 fn bad_inputs_are_errors() {
     let model = load_model(&fixture("da3_anyview"), DType::F32);
     let mut inputs = edgerun::models::NamedTensors::new();
-    inputs.insert("pixel_values".into(), Tensor::zeros((1, 1, 3, 40, 42), DType::F32, &Device::Cpu).unwrap());
+    inputs.insert("pixel_values".into(), Tensor::zeros((1, 1, 3, 40, 42), DType::F32, &dev()).unwrap());
     assert!(model.forward_named(&inputs).is_err(), "H not a multiple of 14");
-    inputs.insert("pixel_values".into(), Tensor::zeros((3, 42, 42), DType::F32, &Device::Cpu).unwrap());
+    inputs.insert("pixel_values".into(), Tensor::zeros((3, 42, 42), DType::F32, &dev()).unwrap());
     assert!(model.forward_named(&inputs).is_err(), "3-D input");
 }
 
@@ -128,7 +128,7 @@ fn preprocessing_matches_the_package_input_processor() {
         let want_u8 = &expected[&format!("resized_uint8_{tag}")];
         let (_, h, w) = want_u8.dims3().unwrap();
         assert_eq!((resized.height() as usize, resized.width() as usize), (h, w), "{tag} size");
-        let got_u8 = Tensor::from_vec(resized.as_raw().iter().map(|v| *v as f32).collect::<Vec<_>>(), (h, w, 3), &Device::Cpu)
+        let got_u8 = Tensor::from_vec(resized.as_raw().iter().map(|v| *v as f32).collect::<Vec<_>>(), (h, w, 3), &dev())
             .unwrap()
             .permute((2, 0, 1))
             .unwrap();
@@ -138,7 +138,7 @@ fn preprocessing_matches_the_package_input_processor() {
         eprintln!("{tag}: {h}x{w}, max |Δ| {max} levels, {n_off} of {} values differ", diff.len());
         // area resizes are bit-exact; cubic ones may differ by one level right at rounding ties
         assert!(max <= 1.0 && n_off * 1000 <= diff.len(), "{tag}: max {max}, {n_off} values differ");
-        let pv = Preprocess::Da3(pre).pixel_values(&img, h, w, &Device::Cpu).unwrap();
+        let pv = Preprocess::Da3(pre).pixel_values(&img, h, w, &dev()).unwrap();
         let (err, _) = errors(&pv, &expected[&format!("pixel_values_{tag}")]);
         assert!(err <= 1.0 / 255.0 / 0.224 + 1e-5, "{tag}: pixel_values max error {err}");
     }
@@ -160,7 +160,7 @@ fn preprocessing_sizes_follow_upper_bound_resize() {
 
 #[test]
 fn depth_estimator_writes_da3_outputs_at_image_size() {
-    let est = DepthEstimator::load(&fixture("da3_anyview"), &Device::Cpu, DType::F32)
+    let est = DepthEstimator::load(&fixture("da3_anyview"), &dev(), DType::F32)
         .unwrap()
         .with_preprocess(Preprocess::Da3(Da3Preprocess { process_res: 56, ..Default::default() }));
     let img = load_rgb(&fixture("da3_preprocess").join("image_down.png"), &ImageLimits::default()).unwrap();
@@ -172,7 +172,7 @@ fn depth_estimator_writes_da3_outputs_at_image_size() {
     assert!(p[0].sky.is_none());
     assert_eq!(p[0].depth.values, p[1].depth.values, "batched images are independent");
 
-    let mono = DepthEstimator::load(&fixture("da3_mono"), &Device::Cpu, DType::F32)
+    let mono = DepthEstimator::load(&fixture("da3_mono"), &dev(), DType::F32)
         .unwrap()
         .with_preprocess(Preprocess::Da3(Da3Preprocess { process_res: 56, ..Default::default() }));
     let p = mono.predict_all(&[&img], 1).unwrap();
@@ -233,14 +233,14 @@ fn metric_model_needs_a_focal_and_scales_by_it() {
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
     let img = load_rgb(&fixture("da3_preprocess").join("image_portrait.png"), &ImageLimits::default()).unwrap();
     let pre = Preprocess::Da3(Da3Preprocess { process_res: 70, ..Default::default() });
-    let metric = DepthEstimator::load(tmp.path(), &Device::Cpu, DType::F32).unwrap().with_preprocess(pre.clone());
+    let metric = DepthEstimator::load(tmp.path(), &dev(), DType::F32).unwrap().with_preprocess(pre.clone());
     assert!(metric.predict(&[&img], 1).is_err(), "no focal: error");
     // 140x84 -> 70x42 (half size): focal 600 px in the image is 300 px at the network input -> factor 1
     let d_metric = metric.with_focal(Some(600.0)).unwrap().predict(&[&img], 1).unwrap();
-    let mono = DepthEstimator::load(&src, &Device::Cpu, DType::F32).unwrap().with_preprocess(pre);
+    let mono = DepthEstimator::load(&src, &dev(), DType::F32).unwrap().with_preprocess(pre);
     let d_mono = mono.predict(&[&img], 1).unwrap();
     for (a, b) in d_metric[0].values.iter().zip(&d_mono[0].values) {
         assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
     }
-    assert!(DepthEstimator::load(&src, &Device::Cpu, DType::F32).unwrap().with_focal(Some(-1.0)).is_err());
+    assert!(DepthEstimator::load(&src, &dev(), DType::F32).unwrap().with_focal(Some(-1.0)).is_err());
 }

@@ -1,7 +1,9 @@
 //! The depthwise conv kernel (`edgerun::nn::depthwise`) against Candle's grouped `conv2d`
 //! (groups = C): forward values and input/weight/bias gradients, over odd sizes, padding,
 //! stride, dilation, non-square kernels and channel multipliers.
-use candle_core::{DType, Device, Tensor, Var};
+mod common;
+use common::dev;
+use candle_core::{DType, Tensor, Var};
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift), so failures reproduce.
@@ -16,7 +18,7 @@ fn rand(shape: &[usize], seed: u64) -> Tensor {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
-    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    Tensor::from_vec(v, shape, &dev()).unwrap()
 }
 
 /// Max |a − b|, computed in f64.
@@ -98,7 +100,7 @@ fn tap_sum_reference(x: &Tensor, w: &Tensor, bias: &Tensor, cfg: DepthwiseConfig
     let ow = (wd + 2 * p - d * (kw - 1) - 1) / s + 1;
     let x = if m > 1 {
         let idx: Vec<u32> = (0..co as u32).map(|o| o / m as u32).collect();
-        x.index_select(&Tensor::new(idx, &Device::Cpu).unwrap(), 1).unwrap()
+        x.index_select(&Tensor::new(idx, &dev()).unwrap(), 1).unwrap()
     } else {
         x.clone()
     };
@@ -106,10 +108,10 @@ fn tap_sum_reference(x: &Tensor, w: &Tensor, bias: &Tensor, cfg: DepthwiseConfig
     let mut y: Option<Tensor> = None;
     for ki in 0..kh {
         let rows: Vec<u32> = (0..oh).map(|oy| (oy * s + ki * d) as u32).collect();
-        let xr = xp.index_select(&Tensor::new(rows, &Device::Cpu).unwrap(), 2).unwrap();
+        let xr = xp.index_select(&Tensor::new(rows, &dev()).unwrap(), 2).unwrap();
         for kj in 0..kw {
             let cols: Vec<u32> = (0..ow).map(|ox| (ox * s + kj * d) as u32).collect();
-            let xt = xr.index_select(&Tensor::new(cols, &Device::Cpu).unwrap(), 3).unwrap();
+            let xt = xr.index_select(&Tensor::new(cols, &dev()).unwrap(), 3).unwrap();
             let wk = w.narrow(2, ki, 1).unwrap().narrow(3, kj, 1).unwrap().reshape((1, co, 1, 1)).unwrap();
             let t = xt.broadcast_mul(&wk).unwrap();
             y = Some(match y {

@@ -1,5 +1,7 @@
 //! Sobel edges from depth.
-use candle_core::{Device, Tensor};
+mod common;
+use common::dev;
+use candle_core::Tensor;
 use edgerun::edges::sobel_magnitude;
 
 fn naive(v: &[f32], h: usize, w: usize) -> Vec<f32> {
@@ -19,7 +21,7 @@ fn naive(v: &[f32], h: usize, w: usize) -> Vec<f32> {
 fn ramp_has_constant_interior_gradient() {
     let (h, w) = (6, 9);
     let v: Vec<f32> = (0..h * w).map(|i| 0.5 * (i % w) as f32 + 2.0 * (i / w) as f32).collect();
-    let t = Tensor::from_vec(v, (1, 1, h, w), &Device::Cpu).unwrap();
+    let t = Tensor::from_vec(v, (1, 1, h, w), &dev()).unwrap();
     let e = sobel_magnitude(&t).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let expect = 8.0 * (0.5f32 * 0.5 + 2.0 * 2.0).sqrt();
     for y in 1..h - 1 {
@@ -33,7 +35,7 @@ fn ramp_has_constant_interior_gradient() {
 fn batched_matches_naive_with_replicated_borders() {
     let (b, h, w) = (3, 7, 11);
     let v: Vec<f32> = (0..b * h * w).map(|i| ((i * 7919) % 97) as f32 / 13.0).collect();
-    let t = Tensor::from_vec(v.clone(), (b, 1, h, w), &Device::Cpu).unwrap();
+    let t = Tensor::from_vec(v.clone(), (b, 1, h, w), &dev()).unwrap();
     let e = sobel_magnitude(&t).unwrap();
     assert_eq!(e.dims(), &[b, 1, h, w]);
     let e = e.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -47,6 +49,6 @@ fn batched_matches_naive_with_replicated_borders() {
 
 #[test]
 fn rejects_multichannel_input() {
-    let t = Tensor::zeros((1, 2, 4, 4), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let t = Tensor::zeros((1, 2, 4, 4), candle_core::DType::F32, &dev()).unwrap();
     assert!(sobel_magnitude(&t).is_err());
 }

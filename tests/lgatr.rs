@@ -1,9 +1,11 @@
 //! L-GATr port (issue 7): tables and primitives vs lgatr's, parity of whole nets with fixtures
 //! built by lgatr 2.0.0 (`tools/fixtures/lgatr.py`), Lorentz equivariance, event batching.
+mod common;
+use common::dev;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use edgerun::models::lgatr::algebra::{
     self, boost, dual_signs, geometric_product_table, inner_product_factors, is_lorentz, linear_basis, mat4_mul,
     outermorphism, parity, rotation, time_reversal, Mat4, GP_INDEX, GP_SIGN,
@@ -19,7 +21,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn read(path: &Path) -> NamedTensors {
-    candle_core::safetensors::load(path, &Device::Cpu)
+    candle_core::safetensors::load(path, &dev())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .into_iter()
         .collect()
@@ -30,7 +32,7 @@ fn load_model(name: &str, dtype: DType) -> Box<dyn Model> {
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let vb = unsafe {
-        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &Device::Cpu)
+        candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &dev())
     }
     .unwrap();
     lgatr::load(vb, &config).unwrap()
@@ -80,7 +82,7 @@ impl Rng {
     fn tensor(&mut self, shape: &[usize], dtype: DType) -> Tensor {
         let n: usize = shape.iter().product();
         let v: Vec<f64> = (0..n).map(|_| self.normal()).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_vec(v, shape, &dev()).unwrap().to_dtype(dtype).unwrap()
     }
     /// A random proper orthochronous Lorentz matrix `R · B`: uniform rotation, boost with
     /// velocity components ~ N(0, 0.4²) (|β| capped at 0.9).
@@ -174,7 +176,7 @@ fn primitives_match_lgatr() {
     let ax = prim::extract_axialvector(&t["embed.axialvector"]).unwrap();
     assert_close("extract_axialvector", &ax, v4);
     for beam in ["xyplane", "lightlike", "spacelike", "timelike"] {
-        let s = prim::get_spurions(Some(beam), true, true, &Device::Cpu, DType::F32).unwrap();
+        let s = prim::get_spurions(Some(beam), true, true, &dev(), DType::F32).unwrap();
         assert_close(&format!("spurions {beam}"), &s, &t[&format!("spurions.{beam}")]);
     }
 }
@@ -463,7 +465,7 @@ fn chunked_attention_matches_full() {
     let (b, h, n, d) = (2, 3, 37, 8);
     let q = rng.tensor(&[b, h, n, d], DType::F64);
     let pad: Vec<u8> = (0..b * n).map(|i| u8::from(i % n < n - 4 * (i / n))).collect();
-    let pad = Tensor::from_vec(pad, (b, n), &Device::Cpu).unwrap();
+    let pad = Tensor::from_vec(pad, (b, n), &dev()).unwrap();
     let bias = lgatr::attention::padding_to_bias(&pad, DType::F64).unwrap();
     for hk in [h, 1] {
         let k = rng.tensor(&[b, hk, n, d], DType::F64);
@@ -484,7 +486,7 @@ fn chunked_attention_matches_full() {
 /// Unknown keys, unknown model types and unsupported options are config errors.
 #[test]
 fn config_errors_are_reported() {
-    let vb = candle_nn::VarBuilder::zeros(DType::F32, &Device::Cpu);
+    let vb = candle_nn::VarBuilder::zeros(DType::F32, &dev());
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("lgatr_tiny/config.json")).unwrap()).unwrap();
     let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v) {
@@ -560,8 +562,8 @@ fn cpu_kernels_match_tensor_ops() {
             (rng.tensor(&[c, 5], DType::F64).abs().unwrap() + 0.5).unwrap().to_dtype(dtype).unwrap(),
         );
         w.insert("weight_s".to_string(), rng.tensor(&[s], dtype));
-        let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &Device::Cpu);
-        for norm in [EquiNorm::plain(c, s, &Device::Cpu, dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
+        let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &dev());
+        for norm in [EquiNorm::plain(c, s, &dev(), dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
             let scaled = (&x * 1e-3).unwrap();
             for input in [&x, &scaled] {
                 let d = max_diff(&norm.forward(input).unwrap(), &norm.forward_reference(input).unwrap());
@@ -585,7 +587,7 @@ fn cpu_kernels_match_tensor_ops() {
             if !bivector {
                 let mask: Vec<f64> = (0..16).map(|i| if (5..11).contains(&i) { 0.0 } else { 1.0 }).collect();
                 let mask =
-                    Tensor::from_vec(mask, 16, &Device::Cpu).unwrap().to_dtype(dtype).unwrap().repeat(ch).unwrap();
+                    Tensor::from_vec(mask, 16, &dev()).unwrap().to_dtype(dtype).unwrap().repeat(ch).unwrap();
                 want = want.broadcast_mul(&mask).unwrap();
             }
             let want = Tensor::cat(&[&want, &lr.narrow(1, 2 * ch * 16, 3).unwrap()], 1).unwrap();

@@ -1,7 +1,6 @@
 //! Preprocessing parity with the transformers DPT image processor (PIL and torchvision backends).
 mod common;
 
-use candle_core::Device;
 use common::*;
 use edgerun::imageio::{load_rgb, resample::Filter, ImageLimits};
 use edgerun::preprocess::{dpt_output_size, to_pixel_values, IMAGENET_MEAN, IMAGENET_STD};
@@ -14,7 +13,7 @@ fn case(image: &str, target: usize, key: &str) {
     let expected = tensors(&dir, "expected.safetensors");
     let img = load_rgb(&dir.join(image), &ImageLimits::default()).unwrap();
     let (h, w) = dpt_output_size(img.height() as usize, img.width() as usize, target, target, 14, true);
-    let got = to_pixel_values(&img, h, w, Filter::Bicubic, IMAGENET_MEAN, IMAGENET_STD, &Device::Cpu).unwrap();
+    let got = to_pixel_values(&img, h, w, Filter::Bicubic, IMAGENET_MEAN, IMAGENET_STD, &dev()).unwrap();
     // Pillow's fixed-point resampler, reproduced exactly: only float rounding of the normalisation remains.
     assert_close(&format!("{key} vs PIL"), &got, &expected[&format!("pixel_values_{key}_pil")], 1e-5);
     // torchvision's uint8 antialias kernel rounds differently: at most one level apart.

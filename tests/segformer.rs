@@ -2,10 +2,12 @@
 //! tools/fixtures/segformer.py): logits and encoder stage outputs, batch 2, square / non-square /
 //! non-divisible inputs, both depthwise-conv implementations; plus input validation and the fused
 //! resize+argmax post-processing.
+mod common;
+use common::dev;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use edgerun::models::segformer::{resize_argmax, DecodeHeadImpl, SegformerForSemanticSegmentation};
 use edgerun::models::NamedTensors;
 use edgerun::nn::depthwise::DepthwiseImpl;
@@ -19,8 +21,8 @@ fn fixture(name: &str) -> PathBuf {
 fn open(name: &str) -> (Arc<WeightStore>, NamedTensors, NamedTensors) {
     let dir = fixture(name);
     let store = Arc::new(WeightStore::open(&dir).unwrap());
-    let input = read_tensors(&dir.join("input.safetensors"), DType::F32, &Device::Cpu).unwrap();
-    let expected = read_tensors(&dir.join("expected.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let input = read_tensors(&dir.join("input.safetensors"), DType::F32, &dev()).unwrap();
+    let expected = read_tensors(&dir.join("expected.safetensors"), DType::F32, &dev()).unwrap();
     (store, input, expected)
 }
 
@@ -65,11 +67,11 @@ fn assert_argmax(what: &str, got: &Tensor, want: &Tensor) {
 fn check_case(name: &str, suffixes: &[&str]) {
     let (store, input, expected) = open(name);
     // Through the registry, as the CLI does.
-    let model = edgerun::models::load(store.clone(), &Device::Cpu, DType::F32).unwrap();
+    let model = edgerun::models::load(store.clone(), &dev(), DType::F32).unwrap();
     assert_eq!(model.architecture(), "segformer");
     assert_eq!(model.input_names(), vec!["pixel_values"]);
     // Directly, for the stage outputs and the grouped-conv path.
-    let vb = Vb::new(store.clone(), DType::F32, Device::Cpu);
+    let vb = Vb::new(store.clone(), DType::F32, dev());
     let mut direct = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
     for sfx in suffixes {
         let x = &input[&format!("pixel_values{sfx}")];
@@ -113,7 +115,7 @@ fn uneven_non_square_and_odd_sizes_match_transformers() {
 #[test]
 fn batch_items_are_independent() {
     let (store, input, expected) = open("segformer_uneven");
-    let vb = Vb::new(store.clone(), DType::F32, Device::Cpu);
+    let vb = Vb::new(store.clone(), DType::F32, dev());
     let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
     let x1 = input["pixel_values"].narrow(0, 1, 1).unwrap();
     let got = m.forward(&x1).unwrap();
@@ -123,7 +125,7 @@ fn batch_items_are_independent() {
 #[test]
 fn config_and_labels() {
     let (store, _, _) = open("segformer_uneven");
-    let vb = Vb::new(store.clone(), DType::F32, Device::Cpu);
+    let vb = Vb::new(store.clone(), DType::F32, dev());
     let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
     let c = m.config();
     assert_eq!(c.num_labels(), 5);
@@ -141,7 +143,7 @@ fn config_and_labels() {
 #[test]
 fn bad_inputs_and_configs_are_errors() {
     let (store, input, _) = open("segformer_tiny");
-    let vb = Vb::new(store.clone(), DType::F32, Device::Cpu);
+    let vb = Vb::new(store.clone(), DType::F32, dev());
     let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
     let x = &input["pixel_values"];
     // Wrong channel count, wrong rank, too small for the sr=8 reduction of stage 0 (needs ≥ 29 px).
@@ -175,7 +177,7 @@ fn half_precision_runs_close() {
     let (store, input, expected) = open("segformer_tiny");
     {
         let dt = DType::F16;
-        let vb = Vb::new(store.clone(), dt, Device::Cpu);
+        let vb = Vb::new(store.clone(), dt, dev());
         let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
         let got = m.forward(&input["pixel_values"]).unwrap();
         assert_eq!(got.dtype(), dt);
@@ -200,7 +202,7 @@ fn resize_argmax_matches_upsample_then_argmax() {
             (s >> 40) as f32 / (1u64 << 24) as f32 * 4.0 - 2.0
         })
         .collect();
-    let logits = Tensor::from_vec(v, (c, h, w), &Device::Cpu).unwrap();
+    let logits = Tensor::from_vec(v, (c, h, w), &dev()).unwrap();
     for (oh, ow) in [(9, 13), (37, 50), (20, 7), (1, 1), (4, 5)] {
         let got = resize_argmax(&logits, oh, ow).unwrap();
         let up = logits.unsqueeze(0).unwrap().upsample_bilinear2d(oh, ow, false).unwrap().squeeze(0).unwrap();

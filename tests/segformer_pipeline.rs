@@ -1,9 +1,11 @@
 //! SegFormer pre/post-processing parity with `SegformerImageProcessor` (transformers 5.24.0, fixture
 //! tests/fixtures/segformer_preprocess from tools/fixtures/segformer_preprocess.py), class maps, and the
 //! `edgerun segment` command end to end on the tiny fixture model.
+mod common;
+use common::dev;
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 use edgerun::imageio::{load_rgb, ImageLimits};
 use edgerun::models::segformer::{pipeline::MAX_UINT8_CLASSES, resize_argmax, ClassMap, Preprocess, Segmenter};
 use edgerun::tensor_io::read_tensors;
@@ -27,11 +29,11 @@ const ONE_LEVEL: f32 = 1.0 / 255.0 / 0.224 + 1e-4;
 #[test]
 fn preprocess_matches_processor() {
     let dir = fixture("segformer_preprocess");
-    let exp = read_tensors(&dir.join("expected.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let exp = read_tensors(&dir.join("expected.safetensors"), DType::F32, &dev()).unwrap();
     for (tag, size) in [("up", (48, 64)), ("down", (64, 48))] {
         let img = load_rgb(&dir.join(format!("image_{tag}.png")), &ImageLimits::default()).unwrap();
         let pre = Preprocess { size: Some(size), ..Preprocess::default() };
-        let got = pre.apply(&img, &Device::Cpu).unwrap();
+        let got = pre.apply(&img, &dev()).unwrap();
         // Pillow BILINEAR reproduced exactly: only float rounding of the normalisation remains.
         let e = max_err(&got, &exp[&format!("pixel_values_{tag}_pil")]);
         assert!(e <= 1e-5, "{tag} vs PIL backend: {e}");
@@ -62,7 +64,7 @@ fn preprocess_config_parsing() {
 #[test]
 fn postprocess_matches_processor() {
     let dir = fixture("segformer_preprocess");
-    let exp = read_tensors(&dir.join("expected.safetensors"), DType::F32, &Device::Cpu).unwrap();
+    let exp = read_tensors(&dir.join("expected.safetensors"), DType::F32, &dev()).unwrap();
     let logits = &exp["logits"];
     for (i, (h, w)) in [(50usize, 37usize), (16, 12)].into_iter().enumerate() {
         let want = values(&exp[&format!("seg_{i}")]);
@@ -168,7 +170,7 @@ const ADE20K: [&str; 150] = [
 
 #[test]
 fn segmenter_runs_batched_and_matches_single() {
-    let mut seg = Segmenter::load(&fixture("segformer_uneven"), &Device::Cpu, DType::F32).unwrap();
+    let mut seg = Segmenter::load(&fixture("segformer_uneven"), &dev(), DType::F32).unwrap();
     seg.set_input_size(Some((64, 96)));
     assert_eq!(seg.labels().len(), 5);
     let dir = fixture("segformer_preprocess");
@@ -183,7 +185,7 @@ fn segmenter_runs_batched_and_matches_single() {
     let diff = single[0].iter().zip(&both[1]).filter(|(x, y)| x != y).count();
     assert!(diff * 1000 <= single[0].len(), "{diff} pixels differ");
     // A non-SegFormer model is refused.
-    assert!(Segmenter::load(&fixture("da2_tiny"), &Device::Cpu, DType::F32).is_err());
+    assert!(Segmenter::load(&fixture("da2_tiny"), &dev(), DType::F32).is_err());
 }
 
 #[test]
@@ -218,7 +220,7 @@ fn segment_cli_end_to_end() {
     assert!(text.contains("edgerun:classes") && text.contains("\"built\"") && text.contains("\"road\""));
 
     // Same result as the library path (checkpoint ids → map).
-    let mut seg = Segmenter::load(&fixture("segformer_tiny"), &Device::Cpu, DType::F32).unwrap();
+    let mut seg = Segmenter::load(&fixture("segformer_tiny"), &dev(), DType::F32).unwrap();
     seg.set_input_size(Some((64, 64)));
     let m = ClassMap::load(&map, seg.labels()).unwrap();
     let a = load_rgb(&img, &ImageLimits::default()).unwrap();

@@ -13,15 +13,26 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
 }
 
-/// Loads a fixture's model (its directory) on the CPU in `dtype`.
-pub fn load_model(dir: &Path, dtype: DType) -> Box<dyn Model> {
-    let store = WeightStore::open(dir).unwrap_or_else(|e| panic!("open {}: {e}", dir.display()));
-    edgerun::models::load(Arc::new(store), &Device::Cpu, dtype).unwrap_or_else(|e| panic!("load {}: {e}", dir.display()))
+/// The device the model tests run on: `EDGERUN_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`, `metal`), default `cpu`.
+pub fn dev() -> Device {
+    static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            let spec = std::env::var("EDGERUN_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+            edgerun::device::parse_device(&spec).unwrap_or_else(|e| panic!("EDGERUN_TEST_DEVICE={spec}: {e}"))
+        })
+        .clone()
 }
 
-/// Reads a safetensors file of a fixture as f32 on the CPU.
+/// Loads a fixture's model (its directory) on the test device in `dtype`.
+pub fn load_model(dir: &Path, dtype: DType) -> Box<dyn Model> {
+    let store = WeightStore::open(dir).unwrap_or_else(|e| panic!("open {}: {e}", dir.display()));
+    edgerun::models::load(Arc::new(store), &dev(), dtype).unwrap_or_else(|e| panic!("load {}: {e}", dir.display()))
+}
+
+/// Reads a safetensors file of a fixture as f32 on the test device.
 pub fn tensors(dir: &Path, file: &str) -> NamedTensors {
-    read_tensors(&dir.join(file), DType::F32, &Device::Cpu).unwrap_or_else(|e| panic!("read {file}: {e}"))
+    read_tensors(&dir.join(file), DType::F32, &dev()).unwrap_or_else(|e| panic!("read {file}: {e}"))
 }
 
 /// Max |a − b| and max |b|.
