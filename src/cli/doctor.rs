@@ -35,7 +35,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     println!("cpu threads:   {} (candle), {} logical cores", utils::get_num_threads(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     println!("cpu features:  avx={} neon={} simd128={} f16c={}", utils::with_avx(), utils::with_neon(), utils::with_simd128(), utils::with_f16c());
     println!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
-    println!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match Device::new_cuda(0) { Ok(_) => "available (device 0 opened)".into(), Err(e) => format!("compiled in, cannot open: {}", edgerun::Error::candle_message(&e)) } } else { "compiled in, no device".into() });
+    println!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(_) => "available (device 0 opened)".into(), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
     println!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
     println!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
     if let Some(dir) = a.models {
