@@ -59,6 +59,14 @@ pub fn parse_dtype(spec: &str) -> Result<DType> {
     }
 }
 
+/// Whether Candle can run `dtype` on `device` (its CPU backend has no bf16 matmul or conv).
+pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
+    if device.is_cpu() && dtype == DType::BF16 {
+        return Err(Error::Device("bf16 is not available on the CPU (Candle has no bf16 matmul/conv there); use f32 or f16, or a GPU".into()));
+    }
+    Ok(())
+}
+
 /// A human name for a device (`cpu`, `cuda:0`, `metal`).
 pub fn device_name(d: &Device) -> String {
     match d {

@@ -1,9 +1,66 @@
-//! Atomic file writes: temp file in the target's directory, fsync, rename, fsync the directory.
-use std::fs::File;
+//! The one output writer: atomic file writes (temp file in the target's directory, fsync, rename,
+//! fsync the directory) that refuse to replace an input of the run or anything but a regular file,
+//! and leave no temp file behind on any error.
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
+
+/// Identities (device, inode) of the files this process reads as inputs.
+static INPUTS: Mutex<Option<HashSet<FileId>>> = Mutex::new(None);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum FileId {
+    #[cfg(unix)]
+    Inode(u64, u64),
+    #[cfg(not(unix))]
+    Path(PathBuf),
+}
+
+fn file_id(path: &Path) -> Option<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(FileId::Inode(m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        path.canonicalize().ok().map(FileId::Path)
+    }
+}
+
+/// Records `path` as an input of this run: no [`AtomicFile`] will replace it (whatever path names it).
+pub fn register_input(path: &Path) {
+    if let Some(id) = file_id(path) {
+        if let Ok(mut g) = INPUTS.lock() {
+            g.get_or_insert_with(HashSet::new).insert(id);
+        }
+    }
+}
+
+fn is_registered_input(path: &Path) -> bool {
+    let Some(id) = file_id(path) else { return false };
+    INPUTS.lock().map(|g| g.as_ref().is_some_and(|s| s.contains(&id))).unwrap_or(false)
+}
+
+/// Refuses `dest` when it exists and is not a regular file (a FIFO, a device, a directory, or a
+/// symlink to one), or when it is an input of this run.
+pub fn check_output_target(dest: &Path) -> Result<()> {
+    match std::fs::metadata(dest) {
+        Ok(m) if !m.is_file() => {
+            let what = if m.is_dir() { "a directory" } else { "not a regular file (FIFO, socket or device)" };
+            Err(Error::Input(format!("{}: refusing to write over it: it is {what}", dest.display())))
+        }
+        Ok(_) if is_registered_input(dest) => {
+            Err(Error::Input(format!("{}: refusing to write over it: it is an input of this run", dest.display())))
+        }
+        _ => Ok(()),
+    }
+}
 
 /// A file being written that only appears at its final path once `commit` succeeds.
 pub struct AtomicFile {
@@ -13,13 +70,16 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    /// Starts writing `dest` via a hidden temp file beside it.
+    /// Starts writing `dest` via a hidden temp file beside it (see [`check_output_target`]).
     pub fn create(dest: impl AsRef<Path>) -> Result<Self> {
         let dest = dest.as_ref().to_path_buf();
+        check_output_target(&dest)?;
         let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let name = dest.file_name().ok_or_else(|| Error::bad_file(&dest, "not a file path"))?;
         let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-        let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        // A stale temp file (or anything planted under its name) is removed, never followed.
+        let _ = std::fs::remove_file(&tmp);
+        let file = OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(|e| Error::io(&tmp, e))?;
         Ok(AtomicFile { tmp, dest, file: Some(file) })
     }
 
@@ -31,10 +91,18 @@ impl AtomicFile {
 
     /// Flushes, fsyncs and renames into place, then fsyncs the directory.
     pub fn commit(mut self) -> Result<()> {
-        let file = self.file.take().expect("AtomicFile committed twice");
-        file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
+        let Some(file) = self.file.take() else { return Err(Error::Input("AtomicFile committed twice".into())) };
+        let synced = file.sync_all();
         drop(file);
-        std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e))?;
+        // Checked again: the target may have been replaced while the temp file was written.
+        let renamed = synced
+            .map_err(|e| Error::io(&self.tmp, e))
+            .and_then(|()| check_output_target(&self.dest))
+            .and_then(|()| std::fs::rename(&self.tmp, &self.dest).map_err(|e| Error::io(&self.dest, e)));
+        if let Err(e) = renamed {
+            let _ = std::fs::remove_file(&self.tmp);
+            return Err(e);
+        }
         if let Some(dir) = self.dest.parent().filter(|p| !p.as_os_str().is_empty()) {
             if let Ok(d) = File::open(dir) {
                 let _ = d.sync_all();

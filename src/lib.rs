@@ -5,14 +5,17 @@ pub mod edges;
 pub mod fsutil;
 pub mod geotiff;
 pub mod imageio;
+pub mod inputs;
 pub mod error;
 pub mod models;
 pub mod preprocess;
 pub mod profile;
+pub mod progress;
 pub mod nn;
 pub mod quantize;
 pub mod tasks;
 pub mod tensor_io;
+pub mod walk;
 pub mod weights;
 
 pub use error::{Error, Result};

@@ -98,7 +98,7 @@ fn hub_config_is_recognised_by_model_name_and_bad_shapes_are_errors() {
     std::fs::copy(src.join("model.safetensors"), tmp.path().join("model.safetensors")).unwrap();
     std::fs::write(tmp.path().join("config.json"), r#"{"model_name": "da3mono-large"}"#).unwrap();
     let store = WeightStore::open(tmp.path()).unwrap();
-    assert_eq!(store.architecture().as_deref(), Some("da3_mono"));
+    assert_eq!(edgerun::models::architecture(&store).as_deref(), Some("da3_mono"));
     // the preset is ViT-L; the tiny weights do not fit it: an error, not a panic
     let err = edgerun::models::load(Arc::new(store), &dev(), DType::F32).err().expect("shape mismatch must fail");
     assert!(err.to_string().contains("shape") || err.to_string().contains("expected"), "{err}");

@@ -4,7 +4,7 @@
 //! A file rewritten in place (same name, no directory entry change) is only noticed with `--rescan`
 //! (which, with content fingerprints, also re-hashes every input); new, removed and renamed files
 //! (including atomic replace-by-rename) are always noticed.
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Fingerprint;
 use super::hash::xxh64_file;
 use crate::error::{Error, Result};
+use crate::walk::{has_extension, walk_tree};
 
 /// One input file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,12 +105,20 @@ pub fn list_inputs(
     }
 
     let start = now_ns();
-    let mut dirs = Vec::new();
-    let mut files = Vec::new();
-    let mut skipped = Vec::new();
-    let mut seen = HashSet::new();
-    walk(&root_c, "", &exts, exclude_c.as_deref(), start, &mut dirs, &mut files, &mut skipped, &mut seen)?;
-    files.sort_by(|a: &InputFile, b| a.rel.cmp(&b.rel));
+    let ext_refs: Vec<&str> = exts.iter().map(String::as_str).collect();
+    let walked = walk_tree(&root_c, &|name| has_extension(name, &ext_refs), exclude_c.as_deref())?;
+    // A directory modified during the scan is not trusted next time (-1).
+    let dirs: Vec<(String, i64)> = walked
+        .dirs
+        .iter()
+        .map(|d| {
+            let m = mtime_ns(&d.meta);
+            (d.rel.clone(), if m >= start - RACY_NS { -1 } else { m })
+        })
+        .collect();
+    let mut files: Vec<InputFile> =
+        walked.files.iter().map(|f| InputFile { rel: f.rel.clone(), size: f.meta.len(), mtime_ns: mtime_ns(&f.meta), hash: None }).collect();
+    let skipped: Vec<String> = walked.problems.iter().map(|(p, why)| format!("{}: {why}", p.display())).collect();
     if fingerprint == Fingerprint::Content {
         // Hashes of unchanged files (same size and mtime) are reused, except on `--rescan`.
         let known: HashMap<(&str, u64, i64), u64> = old
@@ -138,66 +147,4 @@ fn dirs_unchanged(root: &Path, dirs: &[(String, i64)]) -> bool {
         && dirs.iter().all(|(rel, m)| {
             *m >= 0 && std::fs::metadata(if rel.is_empty() { root.to_path_buf() } else { root.join(rel) }).is_ok_and(|md| md.is_dir() && mtime_ns(&md) == *m)
         })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    dir: &Path,
-    rel: &str,
-    exts: &[String],
-    exclude: Option<&Path>,
-    scan_start: i64,
-    dirs: &mut Vec<(String, i64)>,
-    files: &mut Vec<InputFile>,
-    skipped: &mut Vec<String>,
-    seen: &mut HashSet<PathBuf>,
-) -> Result<()> {
-    // Guard against symlink loops.
-    let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
-    if !seen.insert(canon) {
-        return Ok(());
-    }
-    // The mtime is read before the entries, so an entry added meanwhile changes it for next time.
-    let md = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
-    let m = mtime_ns(&md);
-    dirs.push((rel.to_string(), if m >= scan_start - RACY_NS { -1 } else { m }));
-    let mut entries: Vec<(String, PathBuf)> = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let e = match e {
-            Ok(e) => e,
-            Err(err) => {
-                skipped.push(format!("{}: {err}", dir.display()));
-                continue;
-            }
-        };
-        let name = e.file_name();
-        match name.to_str() {
-            Some(n) if n.starts_with('.') => {}
-            Some(n) => entries.push((n.to_string(), e.path())),
-            None => skipped.push(format!("{}: file name is not UTF-8", e.path().display())),
-        }
-    }
-    entries.sort();
-    for (name, path) in entries {
-        let child_rel = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-        let md = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(err) => {
-                skipped.push(format!("{child_rel}: {err}"));
-                continue;
-            }
-        };
-        if md.is_dir() {
-            if exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
-                continue;
-            }
-            walk(&path, &child_rel, exts, exclude, scan_start, dirs, files, skipped, seen)?;
-        } else if md.is_file() {
-            let ext = Path::new(&name).extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
-            if ext.is_some_and(|e| exts.contains(&e)) {
-                files.push(InputFile { rel: child_rel, size: md.len(), mtime_ns: mtime_ns(&md), hash: None });
-            }
-        }
-    }
-    Ok(())
 }

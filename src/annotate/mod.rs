@@ -246,7 +246,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     }
     let load_s = t_load.elapsed().as_secs_f64();
 
-    let progress = Progress::new(Mode::from_config(&cfg.progress.mode), todo_items, Duration::from_secs_f64(cfg.progress.interval_s.max(0.1)));
+    let progress = Progress::new("annotate", Mode::from_config(&cfg.progress.mode), todo_items, Duration::from_secs_f64(cfg.progress.interval_s.max(0.1)));
     let stats = if jobs.is_empty() {
         drop(journals);
         scheduler::ExecStats::default()

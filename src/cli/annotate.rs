@@ -3,77 +3,102 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use argh::FromArgs;
 use edgerun::annotate::{self, Config, Fingerprint, RunOptions, Shard, StageKind};
 
-/// Arguments of `annotate`.
-#[derive(clap::Args, Debug)]
+use super::common::{outln, usage, UsageError};
+
+/// Annotate a dataset (depth → edges → segmentation → canopy height): resumable, shardable.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "annotate")]
 pub struct Args {
-    /// Input directory (searched recursively, sorted).
-    #[arg(required_unless_present_any = ["print_config", "merge"])]
-    input: Option<PathBuf>,
-    /// Output directory: `<stage>/` trees, `manifests/` journals, `summary.json`.
-    #[arg(required_unless_present_any = ["print_config", "merge"])]
-    output: Option<PathBuf>,
-    /// Configuration file (TOML); see --print-config.
-    #[arg(long)]
+    /// INPUT_DIR (searched recursively, sorted) and OUTPUT_DIR (`<stage>/` trees, `manifests/`
+    /// journals, `summary.json`)
+    #[argh(positional, arg_name = "INPUT_DIR OUTPUT_DIR")]
+    dirs: Vec<PathBuf>,
+    /// configuration file (TOML); see --print-config
+    #[argh(option)]
     config: Option<PathBuf>,
-    /// Print the commented default configuration and exit.
-    #[arg(long, exclusive = true)]
+    /// print the commented default configuration and exit
+    #[argh(switch)]
     print_config: bool,
-    /// Combine the shard journals and summaries of OUTPUT_DIR and exit.
-    #[arg(long, value_name = "OUTPUT_DIR", conflicts_with_all = ["input", "output", "config"])]
+    /// combine the shard journals and summaries of OUTPUT_DIR and exit
+    #[argh(option, arg_name = "OUTPUT_DIR")]
     merge: Option<PathBuf>,
-    /// Stages to run, comma-separated (depth, edges, segmentation, chm).
-    #[arg(long, value_delimiter = ',')]
-    stages: Option<Vec<String>>,
-    /// Primary model of a stage: STAGE=PATH (repeatable).
-    #[arg(long = "model", value_name = "STAGE=PATH")]
+    /// stages to run, comma-separated (depth, edges, segmentation, chm)
+    #[argh(option)]
+    stages: Option<String>,
+    /// primary model of a stage: STAGE=PATH (repeatable)
+    #[argh(option, long = "model", arg_name = "STAGE=PATH")]
     models: Vec<String>,
-    /// Device for every stage: cpu, cuda[:N], metal or auto.
-    #[arg(long)]
+    /// device for every stage: cpu, cuda[:N], metal or auto
+    #[argh(option)]
     device: Option<String>,
-    /// Compute dtype for every stage: f32, f16, bf16.
-    #[arg(long)]
+    /// compute dtype for every stage: f32, f16, bf16
+    #[argh(option)]
     dtype: Option<String>,
-    /// Images per forward pass.
-    #[arg(long)]
+    /// images per forward pass
+    #[argh(option)]
     batch: Option<usize>,
-    /// Bound (MiB) on decoded images and results in flight.
-    #[arg(long)]
+    /// bound (MiB) on decoded images and results in flight
+    #[argh(option)]
     memory_mb: Option<u64>,
-    /// Decode threads (0 = automatic).
-    #[arg(long)]
+    /// decode threads (0 = automatic)
+    #[argh(option)]
     decode_threads: Option<usize>,
-    /// Writer threads.
-    #[arg(long)]
+    /// writer threads
+    #[argh(option)]
     write_threads: Option<usize>,
-    /// Write PNG visualisations for every stage.
-    #[arg(long)]
+    /// write PNG visualisations for every stage
+    #[argh(switch)]
     visualize: bool,
-    /// Input identity on resume: mtime or content.
-    #[arg(long)]
+    /// input identity on resume: mtime or content
+    #[argh(option)]
     fingerprint: Option<String>,
-    /// This process's shard K/N (0-based); default from SLURM_ARRAY_TASK_ID/_COUNT or JOB_COMPLETION_INDEX.
-    #[arg(long)]
+    /// this process's shard K/N (0-based); default from SLURM_ARRAY_TASK_ID/_COUNT or JOB_COMPLETION_INDEX
+    #[argh(option)]
     shard: Option<String>,
-    /// Number of shards when the index comes from JOB_COMPLETION_INDEX (or to override SLURM's count).
-    #[arg(long)]
+    /// number of shards when the index comes from JOB_COMPLETION_INDEX (or to override SLURM's count)
+    #[argh(option)]
     shard_count: Option<usize>,
-    /// Retry inputs an earlier run recorded as failed.
-    #[arg(long)]
+    /// retry inputs an earlier run recorded as failed
+    #[argh(switch)]
     retry_failed: bool,
-    /// Re-list the input tree even if the cached list looks current (and, with content fingerprints,
-    /// re-hash every input): notices files rewritten in place.
-    #[arg(long)]
+    /// re-list the input tree even if the cached list looks current (and, with content fingerprints,
+    /// re-hash every input): notices files rewritten in place
+    #[argh(switch)]
     rescan: bool,
-    /// Progress display: auto, bar, lines or none.
-    #[arg(long)]
+    /// progress display: auto, bar, lines or none
+    #[argh(option)]
     progress: Option<String>,
+}
+
+impl Args {
+    /// Whether any option of a pipeline run (not `--print-config` / `--merge`) was given.
+    fn has_run_options(&self) -> bool {
+        !self.dirs.is_empty()
+            || self.config.is_some()
+            || self.stages.is_some()
+            || !self.models.is_empty()
+            || self.device.is_some()
+            || self.dtype.is_some()
+            || self.batch.is_some()
+            || self.memory_mb.is_some()
+            || self.decode_threads.is_some()
+            || self.write_threads.is_some()
+            || self.visualize
+            || self.fingerprint.is_some()
+            || self.shard.is_some()
+            || self.shard_count.is_some()
+            || self.retry_failed
+            || self.rescan
+            || self.progress.is_some()
+    }
 }
 
 fn apply_overrides(a: &Args, cfg: &mut Config) -> anyhow::Result<()> {
     if let Some(s) = &a.stages {
-        cfg.stages = s.iter().filter(|s| !s.trim().is_empty()).map(|s| StageKind::parse(s)).collect::<Result<_, _>>()?;
+        cfg.stages = s.split(',').filter(|s| !s.trim().is_empty()).map(|s| StageKind::parse(s.trim())).collect::<Result<_, _>>()?;
     }
     for m in &a.models {
         let (stage, path) = m.split_once('=').with_context(|| format!("--model `{m}` is not STAGE=PATH"))?;
@@ -133,22 +158,24 @@ fn apply_overrides(a: &Args, cfg: &mut Config) -> anyhow::Result<()> {
 /// Runs `annotate`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     if a.print_config {
-        print!("{}", annotate::DEFAULT_CONFIG);
+        usage(a.merge.is_none() && !a.has_run_options(), || "--print-config takes no other argument".into())?;
+        outln!("{}", annotate::DEFAULT_CONFIG.trim_end());
         return Ok(());
     }
     if let Some(dir) = &a.merge {
+        usage(!a.has_run_options(), || "--merge OUTPUT_DIR takes no input, output or run option".into())?;
         let r = annotate::merge(dir).with_context(|| format!("cannot merge {}", dir.display()))?;
         anyhow::ensure!(!r.stages.is_empty(), "no journals in {}", annotate::journal::manifest_dir(dir).display());
         for (stage, m) in &r.stages {
-            println!("{stage}: {} ok, {} failed (from {} journals) → manifests/{stage}.jsonl", m.ok, m.failed, m.journals);
+            outln!("{stage}: {} ok, {} failed (from {} journals) → manifests/{stage}.jsonl", m.ok, m.failed, m.journals);
         }
         if let Some(s) = &r.summary {
-            println!("summary.json: {} inputs processed by {}, {} failed", s.processed, s.shard, s.failed);
+            outln!("summary.json: {} inputs processed by {}, {} failed", s.processed, s.shard, s.failed);
         }
         return Ok(());
     }
-    let (Some(input), Some(output)) = (a.input.clone(), a.output.clone()) else {
-        anyhow::bail!("give <input_dir> and <output_dir>");
+    let Ok([input, output]) = <[PathBuf; 2]>::try_from(a.dirs.clone()) else {
+        return Err(UsageError("annotate: give <input_dir> and <output_dir> (or --print-config, or --merge <output_dir>)".into()).into());
     };
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).with_context(|| format!("cannot use config {}", p.display()))?,

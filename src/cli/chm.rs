@@ -1,39 +1,53 @@
 //! `edgerun chm --model M [--batch N] <images or dirs…> --out DIR`: canopy height (CHMv2).
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
+use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
-use edgerun::imageio::write_npy_f16;
+use edgerun::imageio::{load_rgb, write_npy_f16, ImageLimits};
+use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
 use image::RgbImage;
 
-use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
+use super::common::{check_count, compute, usage};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
-/// Arguments of `chm`.
-#[derive(clap::Args, Debug)]
+/// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "chm")]
 pub struct Args {
-    /// CHMv2 model directory (config.json + model.safetensors, e.g. facebook/dinov3-vitl16-chmv2-dpt-head) or `.gguf`.
-    #[arg(long)]
+    /// CHMv2 model directory (config.json + model.safetensors, e.g. facebook/dinov3-vitl16-chmv2-dpt-head) or `.gguf` (required)
+    #[argh(option)]
     model: PathBuf,
-    /// Images or directories of images (GeoTIFF inputs also get a georeferenced `<stem>.chm.tif`).
-    #[arg(required = true)]
+    /// images or directories of images (GeoTIFF inputs also get a georeferenced `<stem>.chm.tif`)
+    #[argh(positional, arg_name = "INPUTS")]
     inputs: Vec<PathBuf>,
-    /// Output directory.
-    #[arg(long)]
+    /// output directory (required); a directory input's tree is mirrored under it
+    #[argh(option)]
     out: PathBuf,
-    /// Largest number of images per forward pass (images of equal padded size are batched).
-    #[arg(long, default_value_t = 1)]
+    /// largest number of images per forward pass (images of equal padded size are batched; default 1)
+    #[argh(option, default = "1")]
     batch: usize,
-    /// Compute dtype of the DPT head when it should differ from --dtype (e.g. `--dtype f16 --head-dtype f32`).
-    #[arg(long)]
+    /// compute dtype of the DPT head when it should differ from --dtype (e.g. `--dtype f16 --head-dtype f32`)
+    #[argh(option)]
     head_dtype: Option<String>,
-    /// Do not write `<stem>.chm.tif` for GeoTIFF inputs.
-    #[arg(long)]
+    /// do not write `<stem>.chm.tif` for GeoTIFF inputs
+    #[argh(switch)]
     no_geotiff: bool,
-    #[command(flatten)]
-    compute: Compute,
+    /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
+    #[argh(switch)]
+    fail_fast: bool,
+    /// progress display: auto (a bar on a terminal, else lines), bar, lines or none
+    #[argh(option, default = "String::from(\"auto\")")]
+    progress: String,
+    /// device: cpu, cuda[:N], metal or auto (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    device: String,
+    /// compute dtype: f32 (default), f16, bf16
+    #[argh(option, default = "String::from(\"f32\")")]
+    dtype: String,
 }
 
 /// The heights for the GeoTIFF: pixels whose source is `nodata` in every band become `nodata`
@@ -53,38 +67,41 @@ fn masked(values: &[f32], img: &RgbImage, geo: &GeoReference) -> Vec<f32> {
     out
 }
 
-fn write_outputs(a: &Args, path: &Path, stem: &str, img: &RgbImage, m: &HeightMap, geo: Option<&GeoReference>) -> anyhow::Result<()> {
-    write_npy_f16(&a.out.join(format!("{stem}.chm.npy")), &[m.height, m.width], &m.values)?;
-    if let Some(g) = geo {
-        let tif = a.out.join(format!("{stem}.chm.tif"));
+fn write_outputs(a: &Args, item: &InputItem, img: &RgbImage, m: &HeightMap) -> anyhow::Result<()> {
+    // The georeference is read (and checked) before anything is written.
+    let geo = if a.no_geotiff { None } else { GeoReference::read(&item.path)? };
+    write_npy_f16(&output_path(&a.out, item, ".chm.npy")?, &[m.height, m.width], &m.values)?;
+    if let Some(g) = &geo {
+        let tif = output_path(&a.out, item, ".chm.tif")?;
         write_f32(&tif, m.width as u32, m.height as u32, &masked(&m.values, img, g), Some(g))
-            .with_context(|| format!("writing {} (georeferenced like {})", tif.display(), path.display()))?;
+            .with_context(|| format!("writing {} (georeferenced like {})", tif.display(), item.path.display()))?;
     }
     Ok(())
 }
 
 /// Runs `chm`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (device, dtype) = a.compute.resolve()?;
+    usage(!a.inputs.is_empty(), || "chm: give at least one image or directory".into())?;
+    check_count("--batch", a.batch, 1, 1024)?;
+    let spec = RunSpec { command: "chm", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let (device, dtype) = compute(&a.device, &a.dtype)?;
     let head = match &a.head_dtype {
         Some(s) => parse_dtype(s)?,
         None => dtype,
     };
     let precision = Precision { backbone: dtype, head };
-    let items = images_with_stems(&a.inputs)?;
+    let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
-    ensure_dir(&a.out)?;
-    for_each_batch("chm", &items, a.batch, |b| {
-        let geos = b
-            .items
-            .iter()
-            .map(|(p, _)| if a.no_geotiff { Ok(None) } else { GeoReference::read(p) })
-            .collect::<Result<Vec<_>, _>>()?;
-        let labels: Vec<String> = b.items.iter().map(|(p, _)| p.display().to_string()).collect();
-        let maps = est.predict(&b.images, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))?;
-        for ((((path, stem), m), img), geo) in b.items.iter().zip(&maps).zip(&b.images).zip(&geos) {
-            write_outputs(&a, path, stem, img, m, geo.as_ref()).with_context(|| format!("writing outputs of {}", path.display()))?;
-        }
-        Ok(())
-    })
+    create_out_dir(&a.out)?;
+    let limits = ImageLimits::default();
+    run_items(
+        &spec,
+        &items,
+        |it| Ok(load_rgb(&it.path, &limits)?),
+        |its, imgs| {
+            let labels: Vec<String> = its.iter().map(|it| it.path.display().to_string()).collect();
+            est.predict(imgs, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+        },
+        |it, img, m| write_outputs(&a, it, img, &m),
+    )
 }

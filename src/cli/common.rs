@@ -1,79 +1,70 @@
-//! Options and helpers shared by the image subcommands.
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+//! Options, checks and helpers shared by the subcommands.
+use std::io::Write;
 
-use anyhow::Context;
 use candle_core::{DType, Device};
-use edgerun::device::{parse_device, parse_dtype};
-use edgerun::imageio::{collect_images, stem};
+use edgerun::device::{check_dtype, parse_device, parse_dtype};
 
-/// `--device` and `--dtype`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct Compute {
-    /// cpu, cuda[:N], metal or auto.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// Compute dtype: f32, f16, bf16.
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
-}
+/// A command line that is wrong as written (missing or conflicting arguments), or a run in which
+/// some inputs failed: exit code 2.
+#[derive(Debug)]
+pub struct UsageError(pub String);
 
-impl Compute {
-    /// The parsed device and dtype.
-    pub fn resolve(&self) -> anyhow::Result<(Device, DType)> {
-        Ok((parse_device(&self.device)?, parse_dtype(&self.dtype)?))
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
-/// Expands inputs into image files and checks their output stems do not collide.
-pub fn images_with_stems(inputs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, String)>> {
-    let files = collect_images(inputs)?;
-    anyhow::ensure!(!files.is_empty(), "no input images found");
-    let mut seen = HashSet::new();
-    let mut out = Vec::with_capacity(files.len());
-    for f in files {
-        let s = stem(&f);
-        anyhow::ensure!(seen.insert(s.clone()), "two inputs share the output name `{s}` (e.g. {}); give them distinct names", f.display());
-        out.push((f, s));
-    }
-    Ok(out)
-}
+impl std::error::Error for UsageError {}
 
-/// Creates the output directory.
-pub fn ensure_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))
-}
-
-/// One batch handed to [`for_each_batch`]: the inputs with their output stems, and the decoded images.
-pub struct Batch<'a> {
-    /// `(path, stem)` of each image.
-    pub items: &'a [(PathBuf, String)],
-    /// The decoded images, in the same order.
-    pub images: Vec<&'a image::RgbImage>,
-}
-
-impl Batch<'_> {
-    /// The input paths, comma-separated (for messages).
-    pub fn names(&self) -> String {
-        self.items.iter().map(|(p, _)| p.display().to_string()).collect::<Vec<_>>().join(", ")
+/// Fails with a [`UsageError`] (exit code 2) unless `cond` holds.
+pub fn usage(cond: bool, msg: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if cond {
+        Ok(())
+    } else {
+        Err(UsageError(msg()).into())
     }
 }
 
-/// Decodes `items` (under the default size limits) `batch` at a time and hands each batch to `f`,
-/// then reports it on stderr as `<command>: <paths>`.
-pub fn for_each_batch(
-    command: &str,
-    items: &[(PathBuf, String)],
-    batch: usize,
-    mut f: impl FnMut(&Batch) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    anyhow::ensure!(batch >= 1, "--batch must be at least 1");
-    let limits = edgerun::imageio::ImageLimits::default();
-    for chunk in items.chunks(batch) {
-        let decoded = chunk.iter().map(|(p, _)| edgerun::imageio::load_rgb(p, &limits)).collect::<Result<Vec<_>, _>>()?;
-        let b = Batch { items: chunk, images: decoded.iter().collect() };
-        f(&b)?;
-        eprintln!("{command}: {}", b.names());
-    }
-    Ok(())
+/// Most CPU threads `--threads` accepts.
+pub const MAX_THREADS: usize = 256;
+
+/// Checks `--threads` (1..=[`MAX_THREADS`]).
+pub fn check_threads(n: usize) -> anyhow::Result<()> {
+    usage((1..=MAX_THREADS).contains(&n), || format!("--threads {n}: expected 1 to {MAX_THREADS}"))
 }
+
+/// Checks a count flag such as `--batch` or `--repeat` (`min..=max`).
+pub fn check_count(flag: &str, n: usize, min: usize, max: usize) -> anyhow::Result<()> {
+    usage((min..=max).contains(&n), || format!("{flag} {n}: expected {min} to {max}"))
+}
+
+/// The parsed `--device` and `--dtype`, checked to work together (exit code 3 if not).
+pub fn compute(device: &str, dtype: &str) -> anyhow::Result<(Device, DType)> {
+    let (device, dtype) = (parse_device(device)?, parse_dtype(dtype)?);
+    check_dtype(&device, dtype)?;
+    Ok((device, dtype))
+}
+
+/// Writes one line to stdout. A closed pipe (`edgerun inspect M | head -1`) ends the command
+/// quietly (see [`is_broken_pipe`]); any other failure (`> /dev/full`) is an I/O error on `<stdout>`.
+pub fn write_stdout(args: std::fmt::Arguments) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(args).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()).map_err(|e| edgerun::Error::io("<stdout>", e).into())
+}
+
+/// Whether `e` comes from writing to a pipe whose reader has gone.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| match c.downcast_ref::<edgerun::Error>() {
+        Some(edgerun::Error::Io { source, .. }) => source.kind() == std::io::ErrorKind::BrokenPipe,
+        _ => c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe),
+    })
+}
+
+/// `println!` that returns an error instead of panicking when stdout fails.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::common::write_stdout(format_args!($($arg)*))?
+    };
+}
+pub(crate) use outln;

@@ -2,65 +2,96 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
-use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8};
-use edgerun::models::da3::SKY_THRESHOLD;
+use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
+use edgerun::models::da3::{Da3Kind, SKY_THRESHOLD};
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
 
-use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
+use super::common::{check_count, compute, usage};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
-/// Arguments of `depth`.
-#[derive(clap::Args, Debug)]
+/// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "depth")]
 pub struct Args {
-    /// Depth model directory or `.gguf`.
-    #[arg(long)]
+    /// depth model directory or `.gguf` (required)
+    #[argh(option)]
     model: PathBuf,
-    /// Images or directories of images.
-    #[arg(required = true)]
+    /// images or directories of images (searched recursively)
+    #[argh(positional, arg_name = "INPUTS")]
     inputs: Vec<PathBuf>,
-    /// Output directory.
-    #[arg(long)]
+    /// output directory (required); a directory input's tree is mirrored under it
+    #[argh(option)]
     out: PathBuf,
-    /// Largest number of images per forward pass.
-    #[arg(long, default_value_t = 1)]
+    /// largest number of images per forward pass (default 1)
+    #[argh(option, default = "1")]
     batch: usize,
-    /// Also write colour-mapped `<stem>.depth.png`.
-    #[arg(long)]
+    /// also write colour-mapped `<stem>.depth.png`
+    #[argh(switch)]
     png: bool,
-    /// Also write Sobel edges of the depth as `<stem>.edges.npy` (and `.edges.png` with --png).
-    #[arg(long)]
+    /// also write Sobel edges of the depth as `<stem>.edges.npy` (and `.edges.png` with --png)
+    #[argh(switch)]
     edges: bool,
-    /// Focal length in pixels of the input images (DA3Metric: metric depth = focal·output/300, with
-    /// the focal rescaled to the network input size; required for DA3Metric, ignored otherwise).
-    #[arg(long)]
+    /// focal length in pixels of the input images (DA3Metric: metric depth = focal·output/300, with
+    /// the focal rescaled to the network input size; required for DA3Metric, ignored otherwise)
+    #[argh(option)]
     focal: Option<f32>,
-    #[command(flatten)]
-    compute: Compute,
+    /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
+    #[argh(switch)]
+    fail_fast: bool,
+    /// progress display: auto (a bar on a terminal, else lines), bar, lines or none
+    #[argh(option, default = "String::from(\"auto\")")]
+    progress: String,
+    /// device: cpu, cuda[:N], metal or auto (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    device: String,
+    /// compute dtype: f32 (default), f16, bf16
+    #[argh(option, default = "String::from(\"f32\")")]
+    dtype: String,
+}
+
+/// Everything written for one image, computed before any file is written so that a failing item
+/// leaves no partial set of outputs.
+struct Outputs {
+    prediction: DepthPrediction,
+    edges: Option<Vec<f32>>,
+}
+
+fn compute_outputs(a: &Args, p: DepthPrediction) -> anyhow::Result<Outputs> {
+    let d = &p.depth;
+    let edges = if a.edges {
+        let t = candle_core::Tensor::from_slice(&d.values, (1, 1, d.height, d.width), &candle_core::Device::Cpu)?;
+        Some(sobel_magnitude(&t).context("edges of the depth map")?.flatten_all()?.to_vec1::<f32>()?)
+    } else {
+        None
+    };
+    Ok(Outputs { prediction: p, edges })
 }
 
 /// Writes the depth map (and optional visualisation / edges) of one image, plus `<stem>.conf.npy`
 /// (DA3 any-view confidence, f32) and `<stem>.sky.png` (DA3Mono/Metric sky mask, 255 = sky).
-fn write_outputs(a: &Args, stem: &str, p: &DepthPrediction) -> anyhow::Result<()> {
+fn write_outputs(a: &Args, item: &InputItem, o: &Outputs) -> anyhow::Result<()> {
+    let p = &o.prediction;
     let d = &p.depth;
     let shape = [d.height, d.width];
     if let Some(c) = &p.confidence {
-        write_npy_f32(&a.out.join(format!("{stem}.conf.npy")), &[c.height, c.width], &c.values)?;
+        write_npy_f32(&output_path(&a.out, item, ".conf.npy")?, &[c.height, c.width], &c.values)?;
     }
     if let Some(s) = &p.sky {
         let mask: Vec<u8> = s.values.iter().map(|v| if *v >= SKY_THRESHOLD { 255 } else { 0 }).collect();
-        write_png_gray8(&a.out.join(format!("{stem}.sky.png")), s.width as u32, s.height as u32, &mask, &[])?;
+        write_png_gray8(&output_path(&a.out, item, ".sky.png")?, s.width as u32, s.height as u32, &mask, &[])?;
     }
-    write_npy_f16(&a.out.join(format!("{stem}.depth.npy")), &shape, &d.values)?;
+    write_npy_f16(&output_path(&a.out, item, ".depth.npy")?, &shape, &d.values)?;
     if a.png {
-        write_png_rgb8(&a.out.join(format!("{stem}.depth.png")), d.width as u32, d.height as u32, &colorize(&d.values))?;
+        write_png_rgb8(&output_path(&a.out, item, ".depth.png")?, d.width as u32, d.height as u32, &colorize(&d.values))?;
     }
-    if a.edges {
-        let t = candle_core::Tensor::from_slice(&d.values, (1, 1, d.height, d.width), &candle_core::Device::Cpu)?;
-        let e = sobel_magnitude(&t)?.flatten_all()?.to_vec1::<f32>()?;
-        write_npy_f16(&a.out.join(format!("{stem}.edges.npy")), &shape, &e)?;
+    if let Some(e) = &o.edges {
+        write_npy_f16(&output_path(&a.out, item, ".edges.npy")?, &shape, e)?;
         if a.png {
-            write_png_rgb8(&a.out.join(format!("{stem}.edges.png")), d.width as u32, d.height as u32, &colorize(&e))?;
+            write_png_rgb8(&output_path(&a.out, item, ".edges.png")?, d.width as u32, d.height as u32, &colorize(e))?;
         }
     }
     Ok(())
@@ -68,17 +99,24 @@ fn write_outputs(a: &Args, stem: &str, p: &DepthPrediction) -> anyhow::Result<()
 
 /// Runs `depth`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (device, dtype) = a.compute.resolve()?;
-    let items = images_with_stems(&a.inputs)?;
+    usage(!a.inputs.is_empty(), || "depth: give at least one image or directory".into())?;
+    check_count("--batch", a.batch, 1, 1024)?;
+    let spec = RunSpec { command: "depth", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let (device, dtype) = compute(&a.device, &a.dtype)?;
+    let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = DepthEstimator::load(&a.model, &device, dtype)
         .and_then(|e| e.with_focal(a.focal))
         .with_context(|| format!("cannot load depth model {}", a.model.display()))?;
-    ensure_dir(&a.out)?;
-    for_each_batch("depth", &items, a.batch, |b| {
-        let maps = est.predict_all(&b.images, a.batch).with_context(|| format!("depth failed on {}", b.names()))?;
-        for ((path, stem), d) in b.items.iter().zip(&maps) {
-            write_outputs(&a, stem, d).with_context(|| format!("writing outputs of {}", path.display()))?;
-        }
-        Ok(())
-    })
+    usage(est.da3_kind() != Some(Da3Kind::Metric) || a.focal.is_some(), || {
+        format!("{} is a DA3Metric model: pass --focal <pixels> (the input images' focal length) to get metric depth", a.model.display())
+    })?;
+    create_out_dir(&a.out)?;
+    let limits = ImageLimits::default();
+    run_items(
+        &spec,
+        &items,
+        |it| Ok(load_rgb(&it.path, &limits)?),
+        |_, imgs| Ok(est.predict_all(imgs, a.batch)?),
+        |it, _, p| write_outputs(&a, it, &compute_outputs(&a, p)?),
+    )
 }

@@ -2,15 +2,20 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use anyhow::Context;
+use argh::FromArgs;
 use candle_core::utils;
 use candle_core::{DType, Device};
 use edgerun::weights::WeightStore;
 
-/// Arguments of `doctor`.
-#[derive(clap::Args, Debug)]
+use super::common::outln;
+
+/// Report devices, memory, threads, CPU features and whether models load.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "doctor")]
 pub struct Args {
-    /// A directory of models (sub-directories and `.gguf` files) to try loading.
-    #[arg(long)]
+    /// a directory of models (sub-directories and `.gguf` files) to try loading
+    #[argh(option)]
     models: Option<PathBuf>,
 }
 
@@ -23,7 +28,7 @@ fn mem_total() -> Option<String> {
 
 fn try_load(path: &Path) -> Result<String, String> {
     let store = WeightStore::open(path).map_err(|e| e.to_string())?;
-    let arch = store.architecture().unwrap_or_else(|| "?".into());
+    let arch = edgerun::models::architecture(&store).unwrap_or_else(|| "?".into());
     let n = store.entries().len();
     edgerun::models::load(Arc::new(store), &Device::Cpu, DType::F32).map_err(|e| e.to_string())?;
     Ok(format!("{arch}, {n} tensors"))
@@ -31,23 +36,23 @@ fn try_load(path: &Path) -> Result<String, String> {
 
 /// Runs `doctor`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    println!("edgerun {}", env!("EDGERUN_LONG_VERSION"));
-    println!("cpu threads:   {} (candle), {} logical cores", utils::get_num_threads(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    println!("cpu features:  avx={} neon={} simd128={} f16c={}", utils::with_avx(), utils::with_neon(), utils::with_simd128(), utils::with_f16c());
-    println!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
-    println!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(_) => "available (device 0 opened)".into(), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
-    println!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
-    println!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
+    outln!("edgerun {}", env!("EDGERUN_LONG_VERSION"));
+    outln!("cpu threads:   {} (candle), {} logical cores", utils::get_num_threads(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    outln!("cpu features:  avx={} neon={} simd128={} f16c={}", utils::with_avx(), utils::with_neon(), utils::with_simd128(), utils::with_f16c());
+    outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
+    outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(_) => "available (device 0 opened)".into(), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
+    outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
+    outln!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
     if let Some(dir) = a.models {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir).with_context(|| format!("cannot read --models {}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).collect();
         entries.sort();
         let mut failed = 0;
         for p in entries.iter().filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "gguf")) {
             match try_load(p) {
-                Ok(s) => println!("model ok:      {} ({s})", p.display()),
+                Ok(s) => outln!("model ok:      {} ({s})", p.display()),
                 Err(e) => {
                     failed += 1;
-                    println!("model FAILED:  {}: {e}", p.display())
+                    outln!("model FAILED:  {}: {e}", p.display())
                 }
             }
         }

@@ -4,45 +4,51 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use edgerun::device::{parse_device, parse_dtype};
+use argh::FromArgs;
+use edgerun::fsutil::register_input;
 use edgerun::tensor_io::{read_tensors, write_tensors};
 use edgerun::weights::WeightStore;
 
-/// Arguments of `forward`.
-#[derive(clap::Args, Debug)]
+use super::common::{check_count, compute};
+
+/// Run a model's raw forward pass on preprocessed tensors.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "forward")]
 pub struct Args {
-    /// Model directory or `.gguf` file.
-    #[arg(long)]
+    /// model directory or `.gguf` file (required)
+    #[argh(option)]
     model: PathBuf,
-    /// Input tensors (safetensors, reference names such as `pixel_values`).
-    #[arg(long)]
+    /// input tensors (safetensors, reference names such as `pixel_values`) (required)
+    #[argh(option)]
     input: PathBuf,
-    /// Where to write the outputs (safetensors).
-    #[arg(long)]
+    /// where to write the outputs (safetensors) (required)
+    #[argh(option)]
     output: PathBuf,
-    /// cpu, cuda[:N], metal or auto.
-    #[arg(long, default_value = "auto")]
+    /// device: cpu, cuda[:N], metal or auto (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
     device: String,
-    /// Compute dtype: f32, f16, bf16.
-    #[arg(long, default_value = "f32")]
+    /// compute dtype: f32 (default), f16, bf16
+    #[argh(option, default = "String::from(\"f32\")")]
     dtype: String,
-    /// Run the forward pass N times and print timings as one JSON line on stderr.
-    #[arg(long)]
+    /// run the forward pass N times (1 to 10000) and print timings as one JSON line on stderr
+    #[argh(option)]
     repeat: Option<usize>,
 }
 
+/// Most forward passes `--repeat` accepts.
+const MAX_REPEAT: usize = 10_000;
+
 /// Runs `forward`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let device = parse_device(&a.device)?;
-    let dtype = parse_dtype(&a.dtype)?;
+    let n = a.repeat.unwrap_or(1);
+    check_count("--repeat", n, 1, MAX_REPEAT)?;
+    let (device, dtype) = compute(&a.device, &a.dtype)?;
     let t0 = Instant::now();
     let store = Arc::new(WeightStore::open(&a.model).with_context(|| format!("cannot open model {}", a.model.display()))?);
     let model = edgerun::models::load(store, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
     device.synchronize()?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = read_tensors(&a.input, dtype, &device).with_context(|| format!("cannot read inputs {}", a.input.display()))?;
-    let n = a.repeat.unwrap_or(1);
-    anyhow::ensure!(n >= 1, "--repeat must be at least 1");
     let mut times = Vec::with_capacity(n);
     let mut outputs = None;
     for _ in 0..n {
@@ -53,6 +59,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         outputs = Some(out);
     }
     let outputs = outputs.context("no forward pass ran")?;
+    register_input(&a.input);
     write_tensors(&a.output, &outputs).with_context(|| format!("cannot write {}", a.output.display()))?;
     if a.repeat.is_some() {
         eprintln!("{}", serde_json::json!({"load_ms": load_ms, "forward_ms": times}));

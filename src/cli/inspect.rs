@@ -2,15 +2,20 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use argh::FromArgs;
 use edgerun::weights::{Format, WeightStore};
 
-/// Arguments of `inspect`.
-#[derive(clap::Args, Debug)]
+use super::common::outln;
+
+/// List a weight file's architecture, tensors, metadata and totals.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "inspect")]
 pub struct Args {
-    /// A model directory, `.safetensors` or `.gguf` file.
+    /// a model directory, `.safetensors` or `.gguf` file
+    #[argh(positional, arg_name = "PATH")]
     path: PathBuf,
-    /// Print as JSON instead of a table.
-    #[arg(long)]
+    /// print as JSON instead of a table
+    #[argh(switch)]
     json: bool,
 }
 
@@ -27,7 +32,7 @@ fn human(bytes: usize) -> String {
 /// Runs `inspect`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let store = WeightStore::open(&a.path).with_context(|| format!("cannot open {}", a.path.display()))?;
-    let arch = store.architecture().unwrap_or_else(|| "unknown".into());
+    let arch = edgerun::models::architecture(&store).unwrap_or_else(|| "unknown".into());
     let format = match store.format() {
         Format::Safetensors => "safetensors",
         Format::Gguf => "gguf",
@@ -45,24 +50,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             "path": a.path, "format": format, "architecture": arch, "files": store.files(),
             "tensors": tensors, "metadata": metadata, "total_bytes": store.total_bytes(), "parameters": params,
         });
-        println!("{}", serde_json::to_string_pretty(&j)?);
+        outln!("{}", serde_json::to_string_pretty(&j)?);
         return Ok(());
     }
-    println!("path:         {}", a.path.display());
-    println!("format:       {format} ({} file{})", store.files().len(), if store.files().len() == 1 { "" } else { "s" });
-    println!("architecture: {arch}");
+    outln!("path:         {}", a.path.display());
+    outln!("format:       {format} ({} file{})", store.files().len(), if store.files().len() == 1 { "" } else { "s" });
+    outln!("architecture: {arch}");
     if !store.metadata().is_empty() {
-        println!("metadata:");
+        outln!("metadata:");
         for (k, v) in store.metadata() {
-            println!("  {k} = {}", v.summary());
+            outln!("  {k} = {}", v.summary());
         }
     }
     let width = store.entries().keys().map(|k| k.len()).max().unwrap_or(4).max(4);
-    println!("tensors:");
-    println!("  {:<width$}  {:<6}  {:<20}  {:>12}", "name", "dtype", "shape", "bytes");
+    outln!("tensors:");
+    outln!("  {:<width$}  {:<6}  {:<20}  {:>12}", "name", "dtype", "shape", "bytes");
     for e in store.entries().values() {
-        println!("  {:<width$}  {:<6}  {:<20}  {:>12}", e.name, e.dtype.name(), format!("{:?}", e.shape), e.len);
+        outln!("  {:<width$}  {:<6}  {:<20}  {:>12}", e.name, e.dtype.name(), format!("{:?}", e.shape), e.len);
     }
-    println!("total: {} tensors, {params} parameters, {} ({} bytes)", store.entries().len(), human(store.total_bytes()), store.total_bytes());
+    outln!("total: {} tensors, {params} parameters, {} ({} bytes)", store.entries().len(), human(store.total_bytes()), store.total_bytes());
     Ok(())
 }

@@ -4,41 +4,52 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use argh::FromArgs;
+use edgerun::fsutil::register_input;
 use edgerun::models::lgatr::{forward_events, pack_events, unpack_events};
 use edgerun::tensor_io::{read_tensors, write_tensors};
 use edgerun::weights::WeightStore;
 
-use super::common::Compute;
+use super::common::compute;
 
-/// Arguments of `lgatr`.
-#[derive(clap::Args, Debug)]
+/// L-GATr on batches of particle events of different lengths.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "lgatr")]
 pub struct Args {
-    /// L-GATr or L-GATr-slim model directory (`config.json` + `model.safetensors`).
-    #[arg(long)]
+    /// an L-GATr or L-GATr-slim model directory (`config.json` + `model.safetensors`) (required)
+    #[argh(option)]
     model: PathBuf,
-    /// Packed events: each input `[ΣN, …]` (the items of all events concatenated) plus `lengths` `[E]`.
-    #[arg(long)]
+    /// packed events: each input `[ΣN, …]` (the items of all events concatenated) plus `lengths` `[E]` (required)
+    #[argh(option)]
     input: PathBuf,
-    /// Where to write the packed outputs (same layout, with `lengths`).
-    #[arg(long)]
+    /// where to write the packed outputs (same layout, with `lengths`) (required)
+    #[argh(option)]
     output: PathBuf,
-    /// Most events per padded forward pass (0: all at once).
-    #[arg(long, default_value_t = 64)]
+    /// most events per padded forward pass (0: all at once; default 64)
+    #[argh(option, default = "64")]
     batch: usize,
-    #[command(flatten)]
-    compute: Compute,
+    /// device: cpu, cuda[:N], metal or auto (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    device: String,
+    /// compute dtype: f32 (default), f16, bf16
+    #[argh(option, default = "String::from(\"f32\")")]
+    dtype: String,
 }
 
 /// Runs `lgatr`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (device, dtype) = a.compute.resolve()?;
+    let (device, dtype) = compute(&a.device, &a.dtype)?;
     let store = Arc::new(WeightStore::open(&a.model).with_context(|| format!("cannot open model {}", a.model.display()))?);
-    let arch = store.architecture().unwrap_or_default();
-    anyhow::ensure!(arch == "lgatr" || arch == "lgatr_slim", "{}: `{arch}` is not an L-GATr model", a.model.display());
+    let arch = edgerun::models::architecture(&store).unwrap_or_default();
+    anyhow::ensure!(
+        arch == "lgatr" || arch == "lgatr_slim",
+        edgerun::Error::Config(format!("{}: a `{arch}` model, not L-GATr (model_type `lgatr` or `lgatr_slim`)", a.model.display()))
+    );
     let model = edgerun::models::load(store, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
     let packed = read_tensors(&a.input, dtype, &device).with_context(|| format!("cannot read {}", a.input.display()))?;
     let events = unpack_events(&packed).with_context(|| format!("bad events in {}", a.input.display()))?;
     let outputs = forward_events(model.as_ref(), &events, a.batch)?;
+    register_input(&a.input);
     write_tensors(&a.output, &pack_events(&outputs)?).with_context(|| format!("cannot write {}", a.output.display()))?;
     eprintln!("lgatr: {} events", events.len());
     Ok(())

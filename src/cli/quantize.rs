@@ -2,24 +2,30 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use argh::FromArgs;
 use edgerun::quantize::{quantize, Recipe};
 use edgerun::weights::dtype::{ggml_name, parse_ggml_name};
 
-/// Arguments of `quantize`.
-#[derive(clap::Args, Debug)]
+use super::common::outln;
+
+/// Write a GGUF copy of a model with quantized matrices.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "quantize")]
 pub struct Args {
-    /// The source model (directory, `.safetensors` or `.gguf`).
+    /// the source model (directory, `.safetensors` or `.gguf`)
+    #[argh(positional, arg_name = "INPUT")]
     input: PathBuf,
-    /// The GGUF file to write.
+    /// the GGUF file to write
+    #[argh(positional, arg_name = "OUTPUT")]
     output: PathBuf,
-    /// Target type for matrices: f16, q8_0, q4_0, q4k, q6k (also f32, q5_0, q5k, ...).
-    #[arg(long = "type", value_name = "TYPE")]
+    /// target type for matrices: f16, q8_0, q4_0, q4k, q6k (also f32, q5_0, q5k, ...) (required)
+    #[argh(option, long = "type", arg_name = "TYPE")]
     qtype: String,
-    /// A recipe TOML (default: `quantize/<arch>.toml` rules built in for the architecture, else generic).
-    #[arg(long)]
+    /// a recipe TOML (default: `quantize/<arch>.toml` rules built in for the architecture, else generic)
+    #[argh(option)]
     recipe: Option<PathBuf>,
-    /// Print only the summary, not one line per tensor.
-    #[arg(long)]
+    /// print only the summary, not one line per tensor
+    #[argh(switch)]
     quiet: bool,
 }
 
@@ -29,18 +35,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let recipe = match &a.recipe {
         Some(p) => Recipe::from_file(p)?,
         None => {
-            let arch = edgerun::weights::WeightStore::open(&a.input)
-                .with_context(|| format!("cannot open {}", a.input.display()))?
-                .architecture()
-                .unwrap_or_default();
+            let store = edgerun::weights::WeightStore::open(&a.input).with_context(|| format!("cannot open {}", a.input.display()))?;
+            let arch = edgerun::models::architecture(&store).unwrap_or_default();
             Recipe::builtin(&arch)?.unwrap_or_default()
         }
     };
-    anyhow::ensure!(a.output != a.input, "output must differ from input");
     let quiet = a.quiet;
+    let mut printed = Ok(());
     let s = quantize(&a.input, &a.output, target, &recipe, |r| {
-        if !quiet {
-            println!(
+        if !quiet && printed.is_ok() {
+            printed = super::common::write_stdout(format_args!(
                 "{:<60} {:<6} {:>18} {:>10} -> {:>10}  rel.err {:.2e}",
                 r.name,
                 ggml_name(r.dtype),
@@ -48,11 +52,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 r.bytes_in,
                 r.bytes_out,
                 r.rel_error
-            );
+            ));
         }
     })
     .with_context(|| format!("quantizing {} into {}", a.input.display(), a.output.display()))?;
-    println!(
+    printed?;
+    outln!(
         "wrote {}: {} tensors, {} -> {} bytes ({:.1}%), max rel.err {:.2e}",
         a.output.display(),
         s.tensors,

@@ -6,49 +6,70 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use edgerun::imageio::{write_png_gray8, write_png_rgb8};
+use argh::FromArgs;
+use edgerun::imageio::{load_rgb, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
 use edgerun::models::segformer::{ClassMap, Segmenter};
 
-use super::common::{ensure_dir, for_each_batch, images_with_stems, Compute};
+use super::common::{check_count, compute, usage};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
-/// Arguments of `segment`.
-#[derive(clap::Args, Debug)]
+/// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids), mirroring the input tree under --out.
+#[derive(FromArgs, Debug)]
+#[argh(subcommand, name = "segment")]
 pub struct Args {
-    /// SegFormer model directory (config.json + model.safetensors [+ preprocessor_config.json]) or `.gguf`.
-    #[arg(long)]
+    /// a SegFormer model directory (config.json + model.safetensors [+ preprocessor_config.json]) or `.gguf` (required)
+    #[argh(option)]
     model: PathBuf,
-    /// Class map (TOML) from the checkpoint's labels (id2label names or ids) onto a project scheme.
-    #[arg(long)]
+    /// class map (TOML) from the checkpoint's labels (id2label names or ids) onto a project scheme
+    #[argh(option)]
     classes: Option<PathBuf>,
-    /// Also write a palette visualisation `<stem>.seg.color.png`.
-    #[arg(long)]
+    /// also write a palette visualisation `<stem>.seg.color.png`
+    #[argh(switch)]
     palette: bool,
-    /// Network input size HxW (default: preprocessor_config.json, else 512x512).
-    #[arg(long, value_parser = parse_size)]
+    /// network input size HxW (default: preprocessor_config.json, else 512x512; each side at most 8192)
+    #[argh(option, from_str_fn(parse_size))]
     size: Option<(usize, usize)>,
-    /// Largest number of images per forward pass.
-    #[arg(long, default_value_t = 1)]
+    /// largest number of images per forward pass (default 1)
+    #[argh(option, default = "1")]
     batch: usize,
-    /// Images or directories of images.
-    #[arg(required = true)]
+    /// images or directories of images (searched recursively)
+    #[argh(positional, arg_name = "INPUTS")]
     inputs: Vec<PathBuf>,
-    /// Output directory.
-    #[arg(long)]
+    /// output directory (required); a directory input's tree is mirrored under it
+    #[argh(option)]
     out: PathBuf,
-    #[command(flatten)]
-    compute: Compute,
+    /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
+    #[argh(switch)]
+    fail_fast: bool,
+    /// progress display: auto (a bar on a terminal, else lines), bar, lines or none
+    #[argh(option, default = "String::from(\"auto\")")]
+    progress: String,
+    /// device: cpu, cuda[:N], metal or auto (default auto)
+    #[argh(option, default = "String::from(\"auto\")")]
+    device: String,
+    /// compute dtype: f32 (default), f16, bf16
+    #[argh(option, default = "String::from(\"f32\")")]
+    dtype: String,
 }
 
+/// Largest side `--size` accepts.
+const MAX_INPUT_SIDE: usize = 8192;
+
 fn parse_size(s: &str) -> Result<(usize, usize), String> {
-    let (h, w) = s.split_once(['x', 'X']).ok_or_else(|| format!("`{s}` is not HxW"))?;
-    let p = |v: &str| v.trim().parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("`{s}` is not HxW"));
+    let bad = || format!("`{s}` is not HxW with sides 1 to {MAX_INPUT_SIDE}");
+    let (h, w) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    let p = |v: &str| v.trim().parse::<usize>().ok().filter(|n| (1..=MAX_INPUT_SIDE).contains(n)).ok_or_else(bad);
     Ok((p(h)?, p(w)?))
 }
 
 /// Runs `segment`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let (device, dtype) = a.compute.resolve()?;
-    let items = images_with_stems(&a.inputs)?;
+    usage(!a.inputs.is_empty(), || "segment: give at least one image or directory".into())?;
+    check_count("--batch", a.batch, 1, 1024)?;
+    let spec = RunSpec { command: "segment", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let (device, dtype) = compute(&a.device, &a.dtype)?;
+    let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let mut seg = Segmenter::load(&a.model, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
     if let Some(s) = a.size {
         seg.set_input_size(Some(s));
@@ -59,20 +80,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let meta = map.metadata_json();
     let model_name = a.model.display().to_string();
-    ensure_dir(&a.out)?;
-    for_each_batch("segment", &items, a.batch, |b| {
-        let masks = seg.segment(&b.images).with_context(|| format!("segmentation failed on {}", b.names()))?;
-        for (((path, stem), img), ids) in b.items.iter().zip(&b.images).zip(&masks) {
+    create_out_dir(&a.out)?;
+    let limits = ImageLimits::default();
+    run_items(
+        &spec,
+        &items,
+        |it| Ok(load_rgb(&it.path, &limits)?),
+        |_, imgs| Ok(seg.segment(imgs)?),
+        |it, img, ids| {
             let (w, h) = img.dimensions();
-            let out = map.apply(ids)?;
+            let out = map.apply(&ids)?;
             let text = [("Software", "edgerun segment"), ("edgerun:model", model_name.as_str()), ("edgerun:classes", meta.as_str())];
-            write_png_gray8(&a.out.join(format!("{stem}.seg.png")), w, h, &out, &text)
-                .with_context(|| format!("writing the mask of {}", path.display()))?;
+            write_png_gray8(&output_path(&a.out, it, ".seg.png")?, w, h, &out, &text)?;
             if a.palette {
-                write_png_rgb8(&a.out.join(format!("{stem}.seg.color.png")), w, h, &map.colorize(&out))
-                    .with_context(|| format!("writing the palette image of {}", path.display()))?;
+                write_png_rgb8(&output_path(&a.out, it, ".seg.color.png")?, w, h, &map.colorize(&out))?;
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        },
+    )
 }

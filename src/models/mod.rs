@@ -32,10 +32,24 @@ pub fn required<'a>(inputs: &'a NamedTensors, name: &str) -> Result<&'a Tensor> 
 /// The architectures `load` knows, as `model_type` strings.
 pub const ARCHITECTURES: &[&str] = &["chmv2", "da3", "da3_metric", "da3_mono", "depth_anything", "lgatr", "lgatr_slim", "segformer", ];
 
+/// The architecture of a checkpoint: the config's `model_type`, else the one a known `model_name`
+/// implies (Depth Anything 3 hub configs: `{"model_name": "da3-small"}`), else GGUF
+/// `general.architecture`. The registry, not the weight store, knows the model families.
+pub fn architecture(store: &crate::weights::WeightStore) -> Option<String> {
+    let config = store.config();
+    if let Some(s) = config.get("model_type").and_then(|v| v.as_str()) {
+        return Some(s.to_string());
+    }
+    if let Some(a) = config.get("model_name").and_then(|v| v.as_str()).and_then(da3::architecture_for_model_name) {
+        return Some(a.to_string());
+    }
+    store.architecture()
+}
+
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
     use crate::error::Error;
-    let arch = store.architecture().ok_or_else(|| {
+    let arch = architecture(&store).ok_or_else(|| {
         Error::bad_file(store.root(), "no architecture: config.json has no `model_type` (and no GGUF general.architecture)")
     })?;
     let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());

@@ -9,7 +9,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
-use crate::fsutil::AtomicFile;
+use crate::fsutil::{register_input, AtomicFile};
 use crate::weights::dtype::ggml_name;
 use crate::weights::gguf;
 use crate::weights::{MetaValue, WeightStore, CONFIG_METADATA_KEY};
@@ -81,7 +81,11 @@ pub fn quantize(
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Summary> {
     let store = WeightStore::open(input)?;
-    let arch = store.architecture().unwrap_or_default();
+    // The output may name an input through another path (`q/../q/x.gguf`): the writer refuses that.
+    for f in store.files() {
+        register_input(f);
+    }
+    let arch = crate::models::architecture(&store).unwrap_or_default();
     if !recipe.arch.is_empty() && !arch.is_empty() && recipe.arch != arch {
         return Err(Error::Config(format!("recipe is for `{}` but the model is `{arch}`", recipe.arch)));
     }

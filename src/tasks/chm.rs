@@ -215,21 +215,13 @@ pub struct ChmEstimator {
     precision: Precision,
 }
 
-/// Whether Candle can run `dtype` on `device` (its CPU backend has no bf16 matmul or conv).
-pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
-    if device.is_cpu() && dtype == DType::BF16 {
-        return Err(Error::Device("bf16 is not available on the CPU (Candle has no bf16 matmul/conv there); use f32 or f16, or a GPU".into()));
-    }
-    Ok(())
-}
-
 impl ChmEstimator {
     /// Loads the CHMv2 model at `path` (directory or `.gguf`) with per-part compute dtypes.
     pub fn load(path: &Path, device: &Device, precision: Precision) -> Result<Self> {
-        check_dtype(device, precision.backbone)?;
-        check_dtype(device, precision.head)?;
+        crate::device::check_dtype(device, precision.backbone)?;
+        crate::device::check_dtype(device, precision.head)?;
         let store = Arc::new(WeightStore::open(path)?);
-        let arch = store.architecture().unwrap_or_default();
+        let arch = crate::models::architecture(&store).unwrap_or_default();
         if arch != "chmv2" {
             return Err(Error::Config(format!("{}: `{arch}` is not a CHMv2 canopy-height model", path.display())));
         }

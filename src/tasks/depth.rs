@@ -223,7 +223,7 @@ impl DepthEstimator {
     /// or Depth Anything 3 (`da3`, `da3_mono`, `da3_metric`; hub configs name it by `model_name`).
     pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
         let store = Arc::new(WeightStore::open(path)?);
-        let arch = store.architecture().unwrap_or_default();
+        let arch = crate::models::architecture(&store).unwrap_or_default();
         let (outputs, pre, da3) = match arch.as_str() {
             "depth_anything" => (Outputs { depth: "predicted_depth", confidence: None, sky: None }, Preprocess::Dpt(DepthPreprocess::for_model(path)?), None),
             ARCH_ANY_VIEW => (Outputs { depth: "depth", confidence: Some("depth_conf"), sky: None }, Preprocess::Da3(Da3Preprocess::default()), Some(Da3Kind::AnyView)),

@@ -210,14 +210,12 @@ impl WeightStore {
         &self.config
     }
 
-    /// The architecture name: the config's `model_type`, else the one a known `model_name` implies
-    /// (Depth Anything 3 hub configs: `{"model_name": "da3-small"}`), else GGUF `general.architecture`.
+    /// The architecture the files declare: the config's `model_type`, else GGUF
+    /// `general.architecture`. `models::architecture` also recognises configs that name a model
+    /// without declaring a type.
     pub fn architecture(&self) -> Option<String> {
         if let Some(s) = self.config.get("model_type").and_then(|v| v.as_str()) {
             return Some(s.to_string());
-        }
-        if let Some(a) = self.config.get("model_name").and_then(|v| v.as_str()).and_then(crate::models::da3::architecture_for_model_name) {
-            return Some(a.to_string());
         }
         self.metadata.get("general.architecture").and_then(|v| v.as_str()).map(str::to_string)
     }

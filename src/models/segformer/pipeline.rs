@@ -434,14 +434,15 @@ impl Segmenter {
     /// `preprocessor_config.json` beside it when present.
     pub fn load(model: &Path, device: &Device, dtype: DType) -> Result<Self> {
         let store = std::sync::Arc::new(crate::weights::WeightStore::open(model)?);
-        match store.architecture().as_deref() {
+        match crate::models::architecture(&store).as_deref() {
             Some("segformer") => {}
-            other => {
+            Some(other) => {
                 return Err(Error::Config(format!(
-                    "{}: architecture {other:?} is not a SegFormer (model_type `segformer`)",
+                    "{}: a `{other}` model, not a SegFormer (model_type `segformer`): segment needs a segmentation model",
                     model.display()
                 )))
             }
+            None => return Err(Error::Config(format!("{}: no model_type in its config; segment needs a SegFormer (`segformer`)", model.display()))),
         }
         let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
         let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())?;
