@@ -15,6 +15,7 @@ pub mod nn;
 pub mod quantize;
 pub mod tasks;
 pub mod tensor_io;
+pub mod memory;
 pub mod walk;
 pub mod weights;
 

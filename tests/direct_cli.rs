@@ -377,3 +377,112 @@ fn quantize_never_replaces_its_input_or_a_special_file() {
     let left: Vec<String> = walk(t.path()).into_iter().filter(|f| f.contains(".tmp-")).collect();
     assert!(left.is_empty(), "temp files left: {left:?}");
 }
+
+/// Six different images of one size (one shape, so they batch together).
+fn same_size_tree(root: &Path) {
+    for i in 0..6u8 {
+        write_png(&root.join(format!("img_{i}.png")), 40, 30, 17 * i + 1);
+    }
+}
+
+fn run_cmd(cmd: &str, model: &Path, input: &Path, out: &Path, batch: &str, env: Option<(&str, &str)>) -> Output {
+    let dev = device();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_edgerun"));
+    c.args([cmd, "--model", model.to_str().unwrap(), input.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", &dev, "--batch", batch, "--progress", "none"]);
+    if let Some((k, v)) = env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn same_bytes(a: &Path, b: &Path) {
+    let (fa, fb) = (walk(a), walk(b));
+    assert_eq!(fa, fb);
+    assert!(!fa.is_empty());
+    for f in fa {
+        assert!(std::fs::read(a.join(&f)).unwrap() == std::fs::read(b.join(&f)).unwrap(), "{f} differs between {} and {}", a.display(), b.display());
+    }
+}
+
+/// Max |a − b| over two float16 `.npy` maps of the same shape.
+fn npy_max_diff(a: &Path, b: &Path) -> f32 {
+    let ((ha, wa), va) = edgerun::imageio::npy::read_npy_2d(a).unwrap();
+    let ((hb, wb), vb) = edgerun::imageio::npy::read_npy_2d(b).unwrap();
+    assert_eq!((ha, wa), (hb, wb));
+    va.iter().zip(&vb).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn batched_results_equal_batch_one_results() {
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    same_size_tree(&input);
+    for (cmd, model) in [("depth", "da2_relative_p14"), ("segment", "segformer_tiny"), ("chm", "chmv2_tiny")] {
+        let m = fixture(model);
+        let one = t.path().join(format!("{model}-1"));
+        let six = t.path().join(format!("{model}-6"));
+        for (out, b) in [(&one, "1"), (&six, "6")] {
+            let o = run_cmd(cmd, &m, &input, out, b, None);
+            assert!(o.status.success(), "{cmd} {model} --batch {b}: {}", stderr(&o));
+        }
+        if cmd == "chm" {
+            // The DINOv3 backbone rounds differently in a batch (≈1e-6 relative in the first block),
+            // which can flip the last bit of a float16 height: within one float16 step of 96 m.
+            for f in walk(&one) {
+                let d = npy_max_diff(&one.join(&f), &six.join(&f));
+                assert!(d <= 0.0625, "{f}: {d}");
+            }
+        } else {
+            same_bytes(&one, &six);
+        }
+    }
+}
+
+#[test]
+fn injected_out_of_memory_halves_the_batch_and_loses_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    same_size_tree(&input);
+    let m = fixture("da2_relative_p14");
+    let reference = t.path().join("ref");
+    assert!(run_cmd("depth", &m, &input, &reference, "1", None).status.success());
+    let out = t.path().join("oom");
+    let o = run_cmd("depth", &m, &input, &out, "6", Some(("EDGERUN_INJECT_OOM_ABOVE", "2")));
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("out of memory on a batch of 6: batch 6 → 3"), "{e}");
+    assert!(e.contains("out of memory on a batch of 3: batch 3 → 1"), "{e}");
+    assert!(e.contains("6 done, 0 failed"), "{e}");
+    same_bytes(&reference, &out);
+    // Out of memory even at batch 1: each item is recorded as failed, the run goes on, exit 2.
+    let out = t.path().join("oom0");
+    let o = run_cmd("depth", &m, &input, &out, "auto", Some(("EDGERUN_INJECT_OOM_ABOVE", "0")));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("recorded as failed") && e.contains("0 done, 6 failed"), "{e}");
+    for i in 0..6 {
+        assert!(e.contains(&format!("FAILED {}", input.join(format!("img_{i}.png")).display())), "{e}");
+    }
+}
+
+#[test]
+fn batch_auto_plans_from_the_memory_budget() {
+    let t = tempfile::tempdir().unwrap();
+    let input = t.path().join("in");
+    same_size_tree(&input);
+    let m = fixture("da2_relative_p14");
+    let dev = device();
+    let run = |budget: &str| {
+        let out = t.path().join(format!("o{budget}"));
+        let o = edgerun(&["depth", "--model", m.to_str().unwrap(), input.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", &dev, "--mem-budget", budget, "--progress", "none"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    // The fixture's images need a few MiB each: 1 MiB allows one per pass, 4096 MiB all six.
+    assert!(run("1").contains("batch auto: up to 1 per pass"), "{}", run("1"));
+    let big = run("4096");
+    let n: usize = big.split("up to ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse().ok()).unwrap_or(0);
+    assert!(n >= 6, "{big}");
+    let o = edgerun(&["depth", "--model", m.to_str().unwrap(), input.to_str().unwrap(), "--out", "x", "--mem-budget", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -6,12 +6,13 @@ use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
 use edgerun::imageio::{load_rgb, write_npy_f16, ImageLimits};
+use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
 use image::RgbImage;
 
-use super::common::{check_count, compute, usage};
+use super::common::{compute, usage};
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
 /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
@@ -27,9 +28,14 @@ pub struct Args {
     /// output directory (required); a directory input's tree is mirrored under it
     #[argh(option)]
     out: PathBuf,
-    /// largest number of images per forward pass (images of equal padded size are batched; default 1)
-    #[argh(option, default = "1")]
-    batch: usize,
+    /// images per forward pass: `auto` (default: planned from --mem-budget and the model's
+    /// per-image estimate, halved when a pass runs out of memory) or a number from 1 to 256 (images of equal padded size are batched)
+    #[argh(option, default = "BatchSetting::Auto")]
+    batch: BatchSetting,
+    /// memory for activations in MiB (default: what the device can spare after loading the model,
+    /// less 10 %)
+    #[argh(option)]
+    mem_budget: Option<u64>,
     /// compute dtype of the DPT head when it should differ from --dtype (e.g. `--dtype f16 --head-dtype f32`)
     #[argh(option)]
     head_dtype: Option<String>,
@@ -82,8 +88,7 @@ fn write_outputs(a: &Args, item: &InputItem, img: &RgbImage, m: &HeightMap) -> a
 /// Runs `chm`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     usage(!a.inputs.is_empty(), || "chm: give at least one image or directory".into())?;
-    check_count("--batch", a.batch, 1, 1024)?;
-    let spec = RunSpec { command: "chm", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let progress = progress_mode(&a.progress)?;
     let (device, dtype) = compute(&a.device, &a.dtype)?;
     let head = match &a.head_dtype {
         Some(s) => parse_dtype(s)?,
@@ -93,14 +98,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
     create_out_dir(&a.out)?;
+    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
+    let spec = RunSpec { command: "chm", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
     let limits = ImageLimits::default();
     run_items(
         &spec,
         &items,
         |it| Ok(load_rgb(&it.path, &limits)?),
+        |img| est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
         |its, imgs| {
             let labels: Vec<String> = its.iter().map(|it| it.path.display().to_string()).collect();
-            est.predict(imgs, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+            est.predict(imgs, &labels, imgs.len()).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
         },
         |it, img, m| write_outputs(&a, it, img, &m),
     )

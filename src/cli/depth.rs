@@ -6,11 +6,12 @@ use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
 use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::da3::{Da3Kind, SKY_THRESHOLD};
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
 
-use super::common::{check_count, compute, usage};
+use super::common::{compute, usage};
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
 /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
@@ -26,9 +27,14 @@ pub struct Args {
     /// output directory (required); a directory input's tree is mirrored under it
     #[argh(option)]
     out: PathBuf,
-    /// largest number of images per forward pass (default 1)
-    #[argh(option, default = "1")]
-    batch: usize,
+    /// images per forward pass: `auto` (default: planned from --mem-budget and the model's
+    /// per-image estimate, halved when a pass runs out of memory) or a number from 1 to 256
+    #[argh(option, default = "BatchSetting::Auto")]
+    batch: BatchSetting,
+    /// memory for activations in MiB (default: what the device can spare after loading the model,
+    /// less 10 %)
+    #[argh(option)]
+    mem_budget: Option<u64>,
     /// also write colour-mapped `<stem>.depth.png`
     #[argh(switch)]
     png: bool,
@@ -100,8 +106,7 @@ fn write_outputs(a: &Args, item: &InputItem, o: &Outputs) -> anyhow::Result<()> 
 /// Runs `depth`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     usage(!a.inputs.is_empty(), || "depth: give at least one image or directory".into())?;
-    check_count("--batch", a.batch, 1, 1024)?;
-    let spec = RunSpec { command: "depth", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let progress = progress_mode(&a.progress)?;
     let (device, dtype) = compute(&a.device, &a.dtype)?;
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = DepthEstimator::load(&a.model, &device, dtype)
@@ -111,12 +116,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         format!("{} is a DA3Metric model: pass --focal <pixels> (the input images' focal length) to get metric depth", a.model.display())
     })?;
     create_out_dir(&a.out)?;
+    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
+    let spec = RunSpec { command: "depth", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
     let limits = ImageLimits::default();
     run_items(
         &spec,
         &items,
         |it| Ok(load_rgb(&it.path, &limits)?),
-        |_, imgs| Ok(est.predict_all(imgs, a.batch)?),
+        |img| est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
+        |_, imgs| Ok(est.predict_all(imgs, imgs.len())?),
         |it, _, p| write_outputs(&a, it, &compute_outputs(&a, p)?),
     )
 }

@@ -6,6 +6,7 @@ use candle_core::{Device, Tensor};
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::{colormap::colorize, npy::read_npy_2d, write_npy_f16, write_png_rgb8};
 use edgerun::inputs::collect_inputs;
+use edgerun::memory::{BatchSetting, MemoryBudget};
 
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
@@ -32,7 +33,9 @@ pub struct Args {
 
 /// Runs `edges`.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let spec = RunSpec { command: "edges", batch: 1, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let (batch, device) = (BatchSetting::Fixed(1), Device::Cpu);
+    let budget = MemoryBudget { bytes: 1 << 30, from_flag: false };
+    let spec = RunSpec { command: "edges", batch, budget, device, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
     anyhow::ensure!(a.depth.is_dir(), edgerun::Error::Input(format!("--depth {} is not a directory", a.depth.display())));
     // Edge maps can never be taken for depth maps, so --out may be (or lie inside) --depth.
     let items = collect_inputs(std::slice::from_ref(&a.depth), &[".depth.npy"], None)?;
@@ -42,6 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &spec,
         &items,
         |it| Ok(read_npy_2d(&it.path)?),
+        |_| None,
         |_, maps| {
             maps.iter()
                 .map(|((h, w), v)| {

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use candle_core::Device;
 use edgerun::inputs::InputItem;
+use edgerun::memory::{is_out_of_memory, AdaptiveBatch, BatchSetting, MemoryBudget};
 use edgerun::progress::{log, Mode, Progress};
 
 use super::common::UsageError;
@@ -14,8 +16,12 @@ use super::common::UsageError;
 pub struct RunSpec {
     /// The command's name (log prefix).
     pub command: &'static str,
-    /// Largest number of inputs per forward pass.
-    pub batch: usize,
+    /// `--batch`: a fixed cap, or planned from the budget.
+    pub batch: BatchSetting,
+    /// What activations may use (`--mem-budget`, else what the device can spare).
+    pub budget: MemoryBudget,
+    /// The device the model runs on (synchronised after running out of memory).
+    pub device: Device,
     /// Stop at the first failure, with its error.
     pub fail_fast: bool,
     /// Progress display.
@@ -89,48 +95,91 @@ impl Tally {
     }
 }
 
+/// Whether `e` (however wrapped) is a device running out of memory.
+fn is_oom(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<edgerun::Error>().is_some_and(is_out_of_memory))
+}
+
 /// Runs `items` through `load` (per item: decoding), `predict` (per batch of loaded items) and
-/// `write` (per item). A failed load or write fails that item; a failed batch is retried item by
+/// `write` (per item). Batches are planned from `size(loaded item)` (estimated activation bytes;
+/// `None`: one item per pass under `--batch auto`) and back off when a pass runs out of memory
+/// ([`AdaptiveBatch`]). A failed load or write fails that item; a failed batch is retried item by
 /// item so that one bad input does not fail its neighbours. A device error or an I/O error while
 /// writing (a full disk) ends the run.
 pub fn run_items<L, P>(
     spec: &RunSpec,
     items: &[InputItem],
     mut load: impl FnMut(&InputItem) -> anyhow::Result<L>,
+    size: impl Fn(&L) -> Option<u64>,
     mut predict: impl FnMut(&[&InputItem], &[&L]) -> anyhow::Result<Vec<P>>,
     mut write: impl FnMut(&InputItem, &L, P) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
+    if items.is_empty() {
+        return Err(edgerun::Error::Input("no input images found".into()).into());
+    }
     let start = Instant::now();
     let progress = Progress::new(spec.command, spec.progress, items.len(), Duration::from_secs(10));
     let mut t = Tally { command: spec.command, fail_fast: spec.fail_fast, progress, done: 0, failed: Vec::new() };
-    let mut pending: Vec<&InputItem> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        match &item.problem {
-            Some(why) => t.fail(item, edgerun::Error::bad_file(&item.path, why.clone()).into())?,
-            None => pending.push(item),
-        }
-        if pending.len() < spec.batch.max(1) && i + 1 < items.len() {
-            continue;
-        }
-        let mut loaded = Vec::with_capacity(pending.len());
-        for it in pending.drain(..) {
-            match load(it) {
-                Ok(l) => loaded.push((it, l)),
-                Err(e) => t.fail(it, e)?,
+    let mut adaptive: Option<AdaptiveBatch> = None;
+    let mut loaded: Vec<(&InputItem, L)> = Vec::new();
+    // The most bytes one loaded item needs; the planned batch is the budget over it.
+    let mut worst = 0u64;
+    let planned = |worst: u64| match spec.batch {
+        BatchSetting::Fixed(n) => n,
+        BatchSetting::Auto if worst == 0 => 1,
+        BatchSetting::Auto => spec.budget.batch_for(BatchSetting::Auto, worst),
+    };
+    let mut next = items.iter().peekable();
+    while next.peek().is_some() || !loaded.is_empty() {
+        // Load until the batch the loaded items allow is full (or the inputs run out).
+        while let Some(item) = next.peek().copied() {
+            if !loaded.is_empty() && loaded.len() >= planned(worst) {
+                break;
+            }
+            next.next();
+            if let Some(why) = &item.problem {
+                t.fail(item, edgerun::Error::bad_file(&item.path, why.clone()).into())?;
+                continue;
+            }
+            match load(item) {
+                Ok(l) => {
+                    worst = worst.max(size(&l).unwrap_or(0));
+                    loaded.push((item, l));
+                }
+                Err(e) => t.fail(item, e)?,
             }
         }
         if loaded.is_empty() {
             continue;
         }
-        let (batch_items, batch_data): (Vec<&InputItem>, Vec<&L>) = loaded.iter().map(|(it, l)| (*it, l)).unzip();
-        let results = match predict(&batch_items, &batch_data) {
-            Ok(r) if r.len() == loaded.len() => r.into_iter().map(Ok).collect(),
-            Ok(r) => anyhow::bail!("{}: {} results for {} inputs (a bug)", spec.command, r.len(), loaded.len()),
-            Err(e) if loaded.len() == 1 || spec.fail_fast => vec![Err(e)],
-            // One input may have failed the whole batch: each is tried alone.
-            Err(_) => loaded.iter().map(|(it, l)| predict(&[*it], &[l]).and_then(|mut r| r.pop().context("no result"))).collect(),
-        };
-        for ((it, l), r) in loaded.iter().zip(results) {
+        let cap = planned(worst);
+        let fresh = adaptive.is_none();
+        let a = adaptive.get_or_insert_with(|| AdaptiveBatch::new(cap));
+        if fresh || a.cap() != cap {
+            if spec.batch == BatchSetting::Auto {
+                let per = worst as f64 / f64::from(1u32 << 20);
+                let budget = spec.budget.bytes as f64 / f64::from(1u32 << 20);
+                log(spec.command, &format!("batch auto: up to {cap} per pass (budget {budget:.0} MiB, about {per:.0} MiB per image)"));
+            }
+            a.set_cap(cap);
+        }
+        let batch: Vec<(&InputItem, L)> = loaded.drain(..).collect();
+        worst = 0;
+        let indices: Vec<usize> = (0..batch.len()).collect();
+        let command = spec.command;
+        let results = a.run(
+            &indices,
+            Some(&spec.device),
+            is_oom,
+            |got, want| anyhow::anyhow!("{command}: {got} results for {want} inputs (a bug)"),
+            &mut |m| log(command, &m),
+            |idx| {
+                let its: Vec<&InputItem> = idx.iter().map(|&i| batch[i].0).collect();
+                let data: Vec<&L> = idx.iter().map(|&i| &batch[i].1).collect();
+                predict(&its, &data)
+            },
+        );
+        for ((it, l), r) in batch.iter().zip(results) {
             match r.and_then(|p| write(it, l, p)) {
                 Ok(()) => t.ok(),
                 // A device or disk failure would fail every later item the same way.

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::imageio::{load_rgb, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
 use edgerun::models::segformer::{ClassMap, Segmenter};
 
-use super::common::{check_count, compute, usage};
+use super::common::{compute, usage};
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 
 /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids), mirroring the input tree under --out.
@@ -30,9 +31,14 @@ pub struct Args {
     /// network input size HxW (default: preprocessor_config.json, else 512x512; each side at most 8192)
     #[argh(option, from_str_fn(parse_size))]
     size: Option<(usize, usize)>,
-    /// largest number of images per forward pass (default 1)
-    #[argh(option, default = "1")]
-    batch: usize,
+    /// images per forward pass: `auto` (default: planned from --mem-budget and the model's
+    /// per-image estimate, halved when a pass runs out of memory) or a number from 1 to 256
+    #[argh(option, default = "BatchSetting::Auto")]
+    batch: BatchSetting,
+    /// memory for activations in MiB (default: what the device can spare after loading the model,
+    /// less 10 %)
+    #[argh(option)]
+    mem_budget: Option<u64>,
     /// images or directories of images (searched recursively)
     #[argh(positional, arg_name = "INPUTS")]
     inputs: Vec<PathBuf>,
@@ -66,8 +72,7 @@ fn parse_size(s: &str) -> Result<(usize, usize), String> {
 /// Runs `segment`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     usage(!a.inputs.is_empty(), || "segment: give at least one image or directory".into())?;
-    check_count("--batch", a.batch, 1, 1024)?;
-    let spec = RunSpec { command: "segment", batch: a.batch, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let progress = progress_mode(&a.progress)?;
     let (device, dtype) = compute(&a.device, &a.dtype)?;
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let mut seg = Segmenter::load(&a.model, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
@@ -81,11 +86,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let meta = map.metadata_json();
     let model_name = a.model.display().to_string();
     create_out_dir(&a.out)?;
+    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
+    let spec = RunSpec { command: "segment", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
     let limits = ImageLimits::default();
     run_items(
         &spec,
         &items,
         |it| Ok(load_rgb(&it.path, &limits)?),
+        |img| seg.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
         |_, imgs| Ok(seg.segment(imgs)?),
         |it, img, ids| {
             let (w, h) = img.dimensions();

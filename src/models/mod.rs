@@ -2,6 +2,7 @@
 pub mod chmv2;
 pub mod da3;
 pub mod depth_anything;
+pub mod footprint;
 pub mod segformer;
 
 use std::collections::BTreeMap;

@@ -9,6 +9,8 @@ use serde::Deserialize;
 
 use super::batch::group_by_key;
 use super::depth::{DepthMap, Size};
+use crate::memory::backoff::check_injected_oom;
+use crate::models::footprint::Footprint;
 use crate::error::{Error, Result};
 use crate::imageio::resample::{resize, Filter};
 use crate::models::chmv2::{Chmv2, Precision};
@@ -213,6 +215,7 @@ pub struct ChmEstimator {
     pre: ChmPreprocess,
     device: Device,
     precision: Precision,
+    footprint: Footprint,
 }
 
 impl ChmEstimator {
@@ -226,9 +229,10 @@ impl ChmEstimator {
             return Err(Error::Config(format!("{}: `{arch}` is not a CHMv2 canopy-height model", path.display())));
         }
         let cfg = store.config().clone();
+        let footprint = Footprint::new(&arch, &cfg, precision.head);
         let vb = Vb::new(store, precision.backbone, device.clone());
         let model = Chmv2::load_with(&vb, &cfg, precision)?;
-        Ok(ChmEstimator { model, pre: ChmPreprocess::for_model(path)?, device: device.clone(), precision })
+        Ok(ChmEstimator { model, pre: ChmPreprocess::for_model(path)?, device: device.clone(), precision, footprint })
     }
 
     /// Replaces the preprocessing settings.
@@ -240,6 +244,17 @@ impl ChmEstimator {
     /// The preprocessing settings.
     pub fn preprocess(&self) -> &ChmPreprocess {
         &self.pre
+    }
+
+    /// Estimated activation bytes of one forward-pass item for `image` (for batch planning).
+    pub fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        let (h, w) = (image.height() as usize, image.width() as usize);
+        self.footprint.per_item(self.pre.input_size(h, w), (h, w))
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The model.
@@ -257,6 +272,7 @@ impl ChmEstimator {
         let mut out = Vec::with_capacity(images.len());
         for range in group_by_key(&sizes, max_batch) {
             let batch = images[range.clone()].iter().map(|im| self.pre.pixel_values(im, &self.device)).collect::<Result<Vec<_>>>()?;
+            check_injected_oom(batch.len())?;
             let x = Tensor::stack(&batch, 0)?;
             let (y, bad) = self.model.forward_checked(&x)?;
             let y = y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;

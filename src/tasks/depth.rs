@@ -8,6 +8,8 @@ use image::RgbImage;
 use serde::Deserialize;
 
 use super::batch::group_by_key;
+use crate::memory::backoff::check_injected_oom;
+use crate::models::footprint::Footprint;
 use crate::error::{Error, Result};
 use crate::imageio::cv_resize::{cv_resize, CvInterp};
 use crate::imageio::resample::Filter;
@@ -216,6 +218,7 @@ pub struct DepthEstimator {
     focal: Option<f32>,
     device: Device,
     dtype: DType,
+    footprint: Footprint,
 }
 
 impl DepthEstimator {
@@ -234,8 +237,9 @@ impl DepthEstimator {
             ),
             other => return Err(Error::Config(format!("{}: `{other}` is not a depth model", path.display()))),
         };
+        let footprint = Footprint::new(&arch, store.config(), dtype);
         let model = crate::models::load(store, device, dtype)?;
-        Ok(DepthEstimator { model, outputs, pre, da3, focal: None, device: device.clone(), dtype })
+        Ok(DepthEstimator { model, outputs, pre, da3, focal: None, device: device.clone(), dtype, footprint })
     }
 
     /// Sets the focal length in pixels of the source images (DA3Metric: metric depth =
@@ -249,6 +253,17 @@ impl DepthEstimator {
         }
         self.focal = focal_px;
         Ok(self)
+    }
+
+    /// Estimated activation bytes of one forward-pass item for `image` (for batch planning).
+    pub fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        let (h, w) = (image.height() as usize, image.width() as usize);
+        self.footprint.per_item(self.pre.input_size(h, w), (h, w))
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The DA3 family, when the model is a Depth Anything 3 one.
@@ -283,6 +298,7 @@ impl DepthEstimator {
         for range in group_by_key(&sizes, max_batch) {
             let (h, w) = sizes[range.start];
             let batch = images[range.clone()].iter().map(|im| self.pre.pixel_values(im, h, w, &self.device)).collect::<Result<Vec<_>>>()?;
+            check_injected_oom(batch.len())?;
             let x = Tensor::stack(&batch, 0)?.to_dtype(self.dtype)?;
             let mut inputs = NamedTensors::new();
             inputs.insert("pixel_values".into(), x);

@@ -427,6 +427,8 @@ pub struct Segmenter {
     model: super::SegformerForSemanticSegmentation,
     preprocess: Preprocess,
     labels: Vec<String>,
+    /// For batch planning; `None` when built from parts (no config at hand).
+    footprint: Option<crate::models::footprint::Footprint>,
 }
 
 impl Segmenter {
@@ -447,13 +449,14 @@ impl Segmenter {
         let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
         let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())?;
         let labels = model_.config().labels();
-        Ok(Segmenter { model: model_, preprocess: Preprocess::from_model_path(model)?, labels })
+        let footprint = crate::models::footprint::Footprint::new("segformer", store.config(), dtype);
+        Ok(Segmenter { model: model_, preprocess: Preprocess::from_model_path(model)?, labels, footprint: Some(footprint) })
     }
 
     /// From parts already loaded.
     pub fn new(model: super::SegformerForSemanticSegmentation, preprocess: Preprocess) -> Self {
         let labels = model.config().labels();
-        Segmenter { model, preprocess, labels }
+        Segmenter { model, preprocess, labels, footprint: None }
     }
 
     /// The checkpoint's class names by id.
@@ -477,6 +480,17 @@ impl Segmenter {
     }
 
     /// Per image: checkpoint class ids at the image's own size (row-major, `height · width`).
+    /// Estimated activation bytes of one forward-pass item for `image` (for batch planning).
+    pub fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        let source = (image.height() as usize, image.width() as usize);
+        self.footprint.as_ref()?.per_item(self.preprocess.input_size(image.width(), image.height()), source)
+    }
+
+    /// The device the model runs on.
+    pub fn device(&self) -> &Device {
+        self.model.device()
+    }
+
     /// Images with the same network input size run as one batch.
     pub fn segment(&self, images: &[&RgbImage]) -> Result<Vec<Vec<u32>>> {
         let device = self.model.device().clone();
@@ -486,6 +500,7 @@ impl Segmenter {
             groups.entry(self.preprocess.input_size(img.width(), img.height())).or_default().push(i);
         }
         for idx in groups.values() {
+            crate::memory::backoff::check_injected_oom(idx.len())?;
             let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
             let logits = self.model.forward(&Tensor::stack(&xs, 0)?)?;
             for (k, &i) in idx.iter().enumerate() {

@@ -1,0 +1,100 @@
+//! The batch setting (`--batch auto|N`, TOML `batch = "auto"`), the memory budget
+//! (`--mem-budget MiB`, else what the device can spare) and the batch they allow.
+use candle_core::Device;
+
+use super::available::available_bytes;
+use crate::error::{Error, Result};
+
+/// Largest batch accepted (`--batch N`) or planned (`auto`).
+pub const MAX_BATCH: usize = 256;
+
+/// What `--batch` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchSetting {
+    /// Plan from the memory budget and the model's per-item estimate.
+    Auto,
+    /// At most this many items per forward pass.
+    Fixed(usize),
+}
+
+impl BatchSetting {
+    /// Parses `auto` or a count in 1..=[`MAX_BATCH`].
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(BatchSetting::Auto);
+        }
+        match s.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(BatchSetting::Fixed(n)),
+            _ => Err(format!("`{s}` is not `auto` or a batch size from 1 to {MAX_BATCH}")),
+        }
+    }
+}
+
+impl std::str::FromStr for BatchSetting {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+/// Largest `--mem-budget` accepted, MiB (16 TiB).
+pub const MAX_BUDGET_MIB: u64 = 16 << 20;
+
+/// Bytes activations may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// The budget in bytes.
+    pub bytes: u64,
+    /// Where it came from (for the log).
+    pub from_flag: bool,
+}
+
+impl MemoryBudget {
+    /// `--mem-budget` (MiB) when given; else what `device` can spare now (call it after the model is
+    /// loaded, so the weights are already accounted for) less a safety margin of 10 % (at least
+    /// 256 MiB); 1 GiB when the device cannot tell.
+    pub fn resolve(flag_mib: Option<u64>, device: &Device) -> Result<Self> {
+        if let Some(m) = flag_mib {
+            if m == 0 || m > MAX_BUDGET_MIB {
+                return Err(Error::Input(format!("--mem-budget {m}: expected 1 to {MAX_BUDGET_MIB} MiB")));
+            }
+            return Ok(MemoryBudget { bytes: m << 20, from_flag: true });
+        }
+        let avail = available_bytes(device).unwrap_or(1 << 30);
+        let margin = (avail / 10).max(256 << 20);
+        Ok(MemoryBudget { bytes: avail.saturating_sub(margin).max(64 << 20), from_flag: false })
+    }
+
+    /// The batch `setting` allows with `per_item` bytes of activations per item.
+    pub fn batch_for(&self, setting: BatchSetting, per_item: u64) -> usize {
+        match setting {
+            BatchSetting::Fixed(n) => n,
+            BatchSetting::Auto => usize::try_from(self.bytes / per_item.max(1)).unwrap_or(MAX_BATCH).clamp(1, MAX_BATCH),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_setting_parses_auto_and_bounded_counts() {
+        assert_eq!(BatchSetting::parse("auto"), Ok(BatchSetting::Auto));
+        assert_eq!(BatchSetting::parse("4"), Ok(BatchSetting::Fixed(4)));
+        assert!(BatchSetting::parse("0").is_err());
+        assert!(BatchSetting::parse("100000").is_err());
+        assert!(BatchSetting::parse("-1").is_err());
+    }
+
+    #[test]
+    fn the_budget_divides_into_items() {
+        let b = MemoryBudget { bytes: 1000 << 20, from_flag: true };
+        assert_eq!(b.batch_for(BatchSetting::Auto, 300 << 20), 3);
+        assert_eq!(b.batch_for(BatchSetting::Auto, 2000 << 20), 1);
+        assert_eq!(b.batch_for(BatchSetting::Auto, 1), MAX_BATCH);
+        assert_eq!(b.batch_for(BatchSetting::Fixed(7), 2000 << 20), 7);
+        assert!(MemoryBudget::resolve(Some(0), &Device::Cpu).is_err());
+        assert_eq!(MemoryBudget::resolve(Some(512), &Device::Cpu).unwrap().bytes, 512 << 20);
+    }
+}
