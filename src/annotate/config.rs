@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::memory::BatchSetting;
 use crate::error::{Error, Result};
 use crate::imageio::ImageLimits;
 
@@ -203,9 +204,15 @@ pub struct Config {
     /// Default compute dtype.
     #[serde(default = "f32s")]
     pub dtype: String,
-    /// Images per forward pass (batches are cut from the sorted input list).
+    /// Images per forward pass: `"auto"` (planned from `mem_budget_mb` and the model) or at most N.
+    /// Chunks of the sorted input list (N, or [`AUTO_CHUNK`] under `auto`) are the unit of decoding
+    /// and sharding; forward passes split a chunk when memory requires.
     #[serde(default = "batch")]
-    pub batch: usize,
+    pub batch: BatchSetting,
+    /// Memory for activations in MiB (default: what each stage's device can spare after loading its
+    /// model, less 10 %).
+    #[serde(default)]
+    pub mem_budget_mb: Option<u64>,
     /// Bound in MiB on decoded images and results in flight.
     #[serde(default = "memory_mb")]
     pub memory_mb: u64,
@@ -261,7 +268,10 @@ fn auto() -> String { "auto".into() }
 fn f32s() -> String { "f32".into() }
 fn interval() -> f64 { 10.0 }
 fn default_stages() -> Vec<StageKind> { vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation] }
-fn batch() -> usize { 4 }
+fn batch() -> BatchSetting { BatchSetting::Auto }
+
+/// Chunk length under `batch = "auto"`.
+pub const AUTO_CHUNK: usize = 16;
 fn memory_mb() -> u64 { 2048 }
 fn prefetch() -> usize { 2 }
 fn write_threads() -> usize { 2 }
@@ -306,6 +316,7 @@ impl Default for Config {
             device: auto(),
             dtype: f32s(),
             batch: batch(),
+            mem_budget_mb: None,
             memory_mb: memory_mb(),
             decode_threads: 0,
             prefetch: prefetch(),
@@ -342,9 +353,12 @@ stages = ["depth", "edges", "segmentation"]
 device = "auto"
 dtype = "f32"
 
-# Images per forward pass. Batches are cut from the sorted input list (and shards take whole batches),
-# so outputs are bit-identical whether a run was interrupted, resumed or sharded.
-batch = 4
+# Images per forward pass: "auto" plans it from the memory budget and each model's per-image estimate
+# (and halves it when a pass runs out of memory, growing back after successes), or a number caps it.
+# The sorted input list is cut into chunks (the number, or 16 under "auto") that shards take whole.
+batch = "auto"
+# Memory for activations in MiB (default: what the device can spare after loading the model, less 10 %).
+# mem_budget_mb = 4096
 # Bound (MiB) on decoded images and results in flight; decoding pauses when it is reached.
 # Model weights and activations are not counted.
 memory_mb = 2048
@@ -517,14 +531,24 @@ impl Config {
         }
     }
 
+    /// Items per chunk of the sorted input list (the unit of decoding and sharding).
+    pub fn chunk_len(&self) -> usize {
+        match self.batch {
+            BatchSetting::Fixed(n) => n,
+            BatchSetting::Auto => AUTO_CHUNK,
+        }
+    }
+
     /// Checks values that serde cannot.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.stages.is_empty() {
             return bad("`stages` is empty".into());
         }
-        if self.batch == 0 {
-            return bad("`batch` must be at least 1".into());
+        if let Some(m) = self.mem_budget_mb {
+            if m == 0 || m > crate::memory::plan::MAX_BUDGET_MIB {
+                return bad(format!("`mem_budget_mb` {m}: expected 1 to {}", crate::memory::plan::MAX_BUDGET_MIB));
+            }
         }
         if self.prefetch == 0 || self.write_threads == 0 {
             return bad("`prefetch` and `write_threads` must be at least 1".into());

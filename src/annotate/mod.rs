@@ -147,7 +147,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     // Plan: whole batches of the sorted list; this shard's; what each member still needs.
     let mut summary_stages: BTreeMap<StageKind, StageSummary> = stages.iter().map(|k| (*k, StageSummary::default())).collect();
     let n = items.len();
-    let b = cfg.batch;
+    let b = cfg.chunk_len();
     let mut jobs = Vec::new();
     let mut in_shard = 0;
     let mut skipped_items = 0;

@@ -1,7 +1,8 @@
 //! The model stages behind one trait, and the ordered fallback chain that runs them.
 //!
 //! A stage turns a batch of RGB images into one [`Prediction`] per image. A [`ModelChain`] holds a
-//! stage's primary model and its fallbacks: the first model that loads is used; when a batch fails,
+//! stage's primary model and its fallbacks: the first model that loads is used, in batches planned
+//! from the memory budget that halve when a pass runs out of memory; when a batch fails otherwise,
 //! its images are retried one by one, and an image that still fails moves on to the next model.
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,6 +13,8 @@ use image::RgbImage;
 
 use super::config::{Config, ModelSpec, StageKind};
 use crate::error::{Error, Result};
+use crate::memory::backoff::is_oom_text;
+use crate::memory::{AdaptiveBatch, BatchSetting, MemoryBudget};
 use crate::models::segformer::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
@@ -64,6 +67,10 @@ impl Prediction {
 pub trait Stage {
     /// One prediction per image, in order.
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>>;
+    /// Estimated activation bytes of one image in a forward pass (for `batch = "auto"`).
+    fn activation_bytes(&self, image: &RgbImage) -> Option<u64>;
+    /// The device the model runs on.
+    fn device(&self) -> &Device;
 }
 
 struct DepthStage(DepthEstimator);
@@ -76,6 +83,12 @@ impl Stage for DepthStage {
             .into_iter()
             .map(|d| Prediction::Float { height: d.height, width: d.width, values: d.values })
             .collect())
+    }
+    fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        self.0.activation_bytes(image)
+    }
+    fn device(&self) -> &Device {
+        self.0.device()
     }
 }
 
@@ -90,6 +103,12 @@ impl Stage for ChmStage {
             .into_iter()
             .map(|d| Prediction::Float { height: d.height, width: d.width, values: d.values })
             .collect())
+    }
+    fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        self.0.activation_bytes(image)
+    }
+    fn device(&self) -> &Device {
+        self.0.device()
     }
 }
 
@@ -113,6 +132,12 @@ impl Stage for SegStage {
                 })
             })
             .collect()
+    }
+    fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        self.seg.activation_bytes(image)
+    }
+    fn device(&self) -> &Device {
+        self.seg.device()
     }
 }
 
@@ -176,6 +201,47 @@ pub struct ModelChain {
     kind: StageKind,
     specs: Vec<ModelSpec>,
     slots: Vec<Slot>,
+    /// The first working model's batch, planned and backed off (per chain, across chunks).
+    batch: Option<(usize, MemoryBudget, AdaptiveBatch)>,
+}
+
+/// The batch cap for `images` on the first working model `m`: fixed, or its memory budget over the
+/// largest per-image estimate; logs the plan when it changes.
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    state: &mut Option<(usize, MemoryBudget, AdaptiveBatch)>,
+    m: usize,
+    stage: &dyn Stage,
+    images: &[&RgbImage],
+    cfg: &Config,
+    warn: &mut dyn FnMut(String),
+    stage_name: &str,
+) -> usize {
+    let fresh = state.as_ref().is_none_or(|(model, _, _)| *model != m);
+    let budget = match state.as_ref() {
+        Some((_, b, _)) if !fresh => *b,
+        // The budget is measured once per model, after it has loaded.
+        _ => MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget { bytes: 1 << 30, from_flag: false }),
+    };
+    let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
+    let cap = match (cfg.batch, worst) {
+        (BatchSetting::Fixed(n), _) => n,
+        (BatchSetting::Auto, Some(w)) => budget.batch_for(BatchSetting::Auto, w).min(cfg.chunk_len()),
+        (BatchSetting::Auto, None) => 1,
+    };
+    let old_cap = if fresh { None } else { state.as_ref().map(|(_, _, a)| a.cap()) };
+    if fresh {
+        *state = Some((m, budget, AdaptiveBatch::new(cap)));
+    }
+    if old_cap != Some(cap) && cfg.batch == BatchSetting::Auto {
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        warn(format!(
+            "{stage_name}: batch auto: up to {cap} per pass (budget {:.0} MiB, about {:.0} MiB per image)",
+            mib(budget.bytes),
+            mib(worst.unwrap_or(0))
+        ));
+    }
+    cap
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -208,7 +274,7 @@ impl ModelChain {
     pub fn new(kind: StageKind, cfg: &Config) -> Result<Self> {
         let specs = cfg.model_chain(kind)?;
         let slots = specs.iter().map(|_| Slot::Unloaded).collect();
-        Ok(ModelChain { kind, specs, slots })
+        Ok(ModelChain { kind, specs, slots, batch: None })
     }
 
     /// The stage.
@@ -273,19 +339,30 @@ impl ModelChain {
             }
             let Slot::Ready(stage) = &self.slots[m] else { continue };
             let name = &self.specs[m].name;
-            // The first working model gets the whole batch; after a failure, images go one at a time.
-            if first && todo.len() > 1 {
-                match guarded(stage.as_ref(), images) {
-                    Ok(preds) => {
-                        for (i, p) in preds.into_iter().enumerate() {
-                            out[i] = Some((p, m));
-                        }
-                        continue;
+            // The first working model gets the images in planned batches (halved when memory runs
+            // out, retried one by one after another failure); later models take them one at a time.
+            if first {
+                first = false;
+                let stage_name = self.kind.name();
+                let planned = plan(&mut self.batch, m, stage.as_ref(), images, cfg, warn, stage_name);
+                let Some((_, _, adaptive)) = self.batch.as_mut() else { continue };
+                adaptive.set_cap(planned);
+                let results = adaptive.run(
+                    &todo,
+                    Some(stage.device()),
+                    |e: &String| is_oom_text(e),
+                    |got, want| format!("returned {got} results for {want} images"),
+                    &mut |msg| warn(format!("{stage_name}: {msg}")),
+                    |idx| guarded(stage.as_ref(), &idx.iter().map(|&i| images[i]).collect::<Vec<_>>()),
+                );
+                for (&i, r) in todo.iter().zip(results) {
+                    match r {
+                        Ok(p) => out[i] = Some((p, m)),
+                        Err(e) => reasons[i].push(format!("{name}: {e}")),
                     }
-                    Err(e) => warn(format!("{}: model {name} failed on a batch of {n} ({e}); retrying one by one", self.kind.name())),
                 }
+                continue;
             }
-            first = false;
             for i in todo {
                 match guarded(stage.as_ref(), &images[i..i + 1]) {
                     Ok(mut p) => out[i] = p.pop().map(|p| (p, m)),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::annotate::{self, Config, Fingerprint, RunOptions, Shard, StageKind};
+use edgerun::memory::BatchSetting;
 
 use super::common::{outln, usage, UsageError};
 
@@ -37,9 +38,12 @@ pub struct Args {
     /// compute dtype for every stage: f32, f16, bf16
     #[argh(option)]
     dtype: Option<String>,
-    /// images per forward pass
+    /// images per forward pass: auto or a number from 1 to 256
     #[argh(option)]
-    batch: Option<usize>,
+    batch: Option<BatchSetting>,
+    /// memory for activations in MiB (default: what the device can spare, less 10 %)
+    #[argh(option)]
+    mem_budget: Option<u64>,
     /// bound (MiB) on decoded images and results in flight
     #[argh(option)]
     memory_mb: Option<u64>,
@@ -83,6 +87,7 @@ impl Args {
             || self.device.is_some()
             || self.dtype.is_some()
             || self.batch.is_some()
+            || self.mem_budget.is_some()
             || self.memory_mb.is_some()
             || self.decode_threads.is_some()
             || self.write_threads.is_some()
@@ -126,6 +131,9 @@ fn apply_overrides(a: &Args, cfg: &mut Config) -> anyhow::Result<()> {
     }
     if let Some(b) = a.batch {
         cfg.batch = b;
+    }
+    if a.mem_budget.is_some() {
+        cfg.mem_budget_mb = a.mem_budget;
     }
     if let Some(m) = a.memory_mb {
         cfg.memory_mb = m;

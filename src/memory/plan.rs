@@ -30,6 +30,41 @@ impl BatchSetting {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for BatchSetting {
+    /// A TOML integer or the string `"auto"`.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Count(i64),
+            Word(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Count(n) => Self::parse(&n.to_string()),
+            Raw::Word(w) => Self::parse(&w),
+        }
+        .map_err(serde::de::Error::custom)
+    }
+}
+
+impl serde::Serialize for BatchSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            BatchSetting::Auto => s.serialize_str("auto"),
+            BatchSetting::Fixed(n) => s.serialize_u64(*n as u64),
+        }
+    }
+}
+
+impl std::fmt::Display for BatchSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BatchSetting::Auto => f.write_str("auto"),
+            BatchSetting::Fixed(n) => write!(f, "{n}"),
+        }
+    }
+}
+
 impl std::str::FromStr for BatchSetting {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {

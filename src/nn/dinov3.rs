@@ -272,7 +272,9 @@ impl Dinov3 {
             parts.push(r.expand((b, self.cfg.num_register_tokens, d))?);
         }
         parts.push(x);
-        Ok((Tensor::cat(&parts, 1)?, ph, pw))
+        // Contiguous, so LayerNorm takes its fused per-row path: the strided fallback sums in an
+        // order that depends on the batch size.
+        Ok((Tensor::cat(&parts, 1)?.contiguous()?, ph, pw))
     }
 
     /// The RoPE table for a `ph`×`pw` grid in the compute dtype of `like`.

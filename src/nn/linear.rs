@@ -54,32 +54,45 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let in_dim = *dims.last().unwrap_or(&0);
-        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
-        let x2 = x.reshape((rows, in_dim))?;
+impl Linear {
+    /// `x [rows, in] → [rows, out]`.
+    fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
             Weight::Quantized(q) => {
                 let dt = x2.dtype();
                 if dt == DType::F32 {
-                    q.forward(&x2)?
+                    q.forward(x2)?
                 } else {
                     q.forward(&x2.to_dtype(DType::F32)?)?.to_dtype(dt)?
                 }
             }
         };
-        let y = match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        };
-        let mut out_dims = dims;
+        match &self.bias {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        }
+    }
+}
+
+impl Module for Linear {
+    /// `[…, in] → […, out]`. A batch (leading dimension of a rank ≥ 3 input) is computed item by
+    /// item: the GEMM kernels pick their blocking by the row count, so folding the batch into the
+    /// rows would make an item's result depend on the batch it came in (in the last bits).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let in_dim = *dims.last().unwrap_or(&0);
+        let mut out_dims = dims.clone();
         if let Some(last) = out_dims.last_mut() {
             *last = self.out_dim;
         }
-        y.reshape(out_dims)
+        if dims.len() >= 3 && dims[0] > 1 {
+            let per_item: usize = dims[1..dims.len() - 1].iter().product();
+            let items = (0..dims[0]).map(|i| self.forward_rows(&x.get(i)?.reshape((per_item, in_dim))?)).collect::<candle_core::Result<Vec<_>>>()?;
+            return Tensor::stack(&items, 0)?.reshape(out_dims);
+        }
+        let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+        self.forward_rows(&x.reshape((rows, in_dim))?)?.reshape(out_dims)
     }
 }
 
