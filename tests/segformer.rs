@@ -185,7 +185,8 @@ fn half_precision_runs_close() {
         let (_, w) = vec4(&expected["logits"]);
         let err = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         eprintln!("{dt:?}: max abs err {err}");
-        assert!(err < 0.05, "{dt:?}: max abs err {err}");
+        // Measured 0.0054 (logits of max |1.5|); the bound is 3.7× that.
+        assert!(err < 0.02, "{dt:?}: max abs err {err}");
     }
 }
 
