@@ -1,7 +1,7 @@
 //! `edgerun annotate`: end-to-end on a generated image tree with the tiny fixture models, resume after
 //! kill -9 at random points, failed inputs, fallback models, sharding + merge, the cached input list.
 mod common;
-use common::dev;
+use common::{dev, device_arg};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,7 @@ fn image_tree(root: &Path, n: usize) -> Vec<String> {
 }
 
 fn config(m: &Models, batch: usize) -> Config {
-    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: "cpu".into(), batch, ..Default::default() };
+    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: device_arg(), batch, ..Default::default() };
     c.depth.model = m.depth.to_string_lossy().into_owned();
     c.segmentation.model = m.seg.to_string_lossy().into_owned();
     c.segmentation.visualize = true;
@@ -428,9 +428,10 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
     std::fs::write(input.join("flight_a/broken.jpg"), b"\xFF\xD8\xFF\xE0 truncated").unwrap();
     let n_items = rels.len() + 1;
     let toml = format!(
-        "stages = [\"depth\", \"edges\", \"segmentation\"]\ndevice = \"cpu\"\nbatch = 3\nwrite_threads = 2\ndecode_threads = 2\n\
+        "stages = [\"depth\", \"edges\", \"segmentation\"]\ndevice = {:?}\nbatch = 3\nwrite_threads = 2\ndecode_threads = 2\n\
          [journal]\nsync_every = 4\n[progress]\nmode = \"none\"\n\
          [depth]\nmodel = {:?}\nvisualize = true\n[segmentation]\nmodel = {:?}\n",
+        device_arg(),
         m.depth.to_string_lossy(),
         m.seg.to_string_lossy()
     );
@@ -517,7 +518,7 @@ fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
     for f in ["scene.tif", "rotated_be.tif", "plain.png"] {
         std::fs::copy(fixture("chmv2_geotiff").join(f), input.join("tiles").join(f)).unwrap();
     }
-    let mut cfg = Config { stages: vec![StageKind::Chm], device: "cpu".into(), batch: 2, ..Default::default() };
+    let mut cfg = Config { stages: vec![StageKind::Chm], device: device_arg(), batch: 2, ..Default::default() };
     cfg.chm.model = fixture("chmv2_tiny").to_string_lossy().into_owned();
     cfg.chm.visualize = true;
     cfg.progress.mode = "none".into();

@@ -233,7 +233,7 @@ fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
 }
 
 fn edgerun_depth(args: &[&std::ffi::OsStr]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_edgerun")).arg("depth").args(args).output().expect("run edgerun")
+    std::process::Command::new(env!("CARGO_BIN_EXE_edgerun")).args(["depth", "--device", &device_arg()]).args(args).output().expect("run edgerun")
 }
 
 #[test]

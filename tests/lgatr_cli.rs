@@ -25,7 +25,7 @@ fn packed_events_match_single_event_forwards() {
     let (inp, out) = (tmp.path().join("events.safetensors"), tmp.path().join("out.safetensors"));
     write_tensors(&inp, &packed).unwrap();
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_edgerun"))
-        .args(["lgatr", "--model", dir.to_str().unwrap(), "--input", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--device", "cpu"])
+        .args(["lgatr", "--model", dir.to_str().unwrap(), "--input", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--device", &device_arg()])
         .status()
         .unwrap();
     assert!(st.success());

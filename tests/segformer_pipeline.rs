@@ -2,7 +2,7 @@
 //! tests/fixtures/segformer_preprocess from tools/fixtures/segformer_preprocess.py), class maps, and the
 //! `edgerun segment` command end to end on the tiny fixture model.
 mod common;
-use common::dev;
+use common::{dev, device_arg};
 use std::path::PathBuf;
 
 use candle_core::{DType, Tensor};
@@ -199,7 +199,7 @@ fn segment_cli_end_to_end() {
         std::process::Command::new(env!("CARGO_BIN_EXE_edgerun"))
             .args(["segment", "--model"])
             .arg(fixture("segformer_tiny"))
-            .args(["--size", "64x64", "--device", "cpu", "--out"])
+            .args(["--size", "64x64", "--device", &device_arg(), "--out"])
             .arg(&out)
             .args(args)
             .output()
