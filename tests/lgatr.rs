@@ -422,14 +422,18 @@ fn events_have_no_cross_talk() {
         one.insert(k.clone(), t.unsqueeze(0).unwrap());
     }
     let direct = model.forward_named(&one).unwrap();
-    assert!(max_diff(&direct["outputs_mv"].squeeze(0).unwrap(), &solo[1]["outputs_mv"]) < 1e-5);
+    for name in ["outputs_mv", "outputs_s"] {
+        assert!(max_diff(&direct[name].squeeze(0).unwrap(), &solo[1][name]) < 1e-5, "{name}");
+    }
     // perturb event 4 (same length as event 1, so they share a batch): event 1 is unchanged
     let mut changed = events.clone();
     changed[4] = lgatr_event(&mut rng, 12);
     let a = forward_events(model.as_ref(), &events, 0).unwrap();
     let b = forward_events(model.as_ref(), &changed, 0).unwrap();
-    assert!(max_diff(&a[1]["outputs_mv"], &b[1]["outputs_mv"]) < 1e-6);
-    assert!(max_diff(&a[4]["outputs_mv"], &b[4]["outputs_mv"]) > 1e-3);
+    for name in ["outputs_mv", "outputs_s"] {
+        assert!(max_diff(&a[1][name], &b[1][name]) < 1e-6, "event 1 {name} changed with event 4");
+        assert!(max_diff(&a[4][name], &b[4][name]) > 1e-3, "event 4 {name} did not change");
+    }
     // packing
     let packed = pack_events(&events).unwrap();
     assert_eq!(packed["multivectors"].dims(), &[lens.iter().sum::<usize>(), 1, 16]);
@@ -619,6 +623,8 @@ fn sub_batched_forward_matches_single_events() {
             one.insert(k.clone(), t.narrow(0, i, 1).unwrap());
         }
         let o = model.forward_named(&one).unwrap();
-        assert!(max_diff(&o["outputs_mv"], &all["outputs_mv"].narrow(0, i, 1).unwrap()) < 1e-5, "event {i}");
+        for name in ["outputs_mv", "outputs_s"] {
+            assert!(max_diff(&o[name], &all[name].narrow(0, i, 1).unwrap()) < 1e-5, "event {i} {name}");
+        }
     }
 }

@@ -30,6 +30,10 @@ fn packed_events_match_single_event_forwards() {
         .unwrap();
     assert!(st.success());
     let got = tensors(tmp.path(), "out.safetensors");
+    // Exactly the packed items come back: no padding rows, nothing dropped.
+    let total: usize = lens.iter().sum();
+    assert_eq!(got["outputs_mv"].dims(), &[total, 1, 16]);
+    assert_eq!(got["outputs_s"].dims()[0], total);
     let model = load_model(&dir, DType::F32);
     let mut offset = 0;
     for (k, &n) in lens.iter().enumerate() {
