@@ -10,10 +10,12 @@ use edgerun::quantize::gguf_writer::{plan, GgufWriter};
 use edgerun::weights::MetaValue;
 use safetensors::tensor::TensorView;
 
+/// Little-endian bytes of f32 values.
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
+/// `n` deterministic values in [-3, 3] (a sampled sine).
 pub fn ramp(n: usize) -> Vec<f32> {
     (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect()
 }
@@ -36,6 +38,7 @@ pub fn valid_st_with(big: usize) -> Vec<u8> {
     safetensors::serialize(tensors, Some(meta)).unwrap()
 }
 
+/// [`valid_st_with`] without the large tensor.
 pub fn valid_st() -> Vec<u8> {
     valid_st_with(0)
 }
@@ -43,18 +46,29 @@ pub fn valid_st() -> Vec<u8> {
 /// A small GGUF byte builder for hand-made (possibly hostile) files.
 #[derive(Clone)]
 pub struct G {
+    /// File magic (`GGUF`).
     pub magic: [u8; 4],
+    /// Format version.
     pub version: u32,
+    /// Declared tensor count (None: the real one).
     pub n_tensors: Option<u64>,
+    /// Declared metadata count (None: the real one).
     pub n_kv: Option<u64>,
+    /// Encoded metadata entries.
     pub kv: Vec<u8>,
+    /// Metadata entries added.
     pub nkv: u64,
+    /// Encoded tensor infos.
     pub infos: Vec<u8>,
+    /// Tensor infos added.
     pub nt: u64,
+    /// Data section alignment used by `build`.
     pub alignment: usize,
+    /// Data section bytes.
     pub data: Vec<u8>,
 }
 
+/// A GGUF string: u64 length, then the bytes.
 pub fn gstr(s: &[u8]) -> Vec<u8> {
     let mut v = (s.len() as u64).to_le_bytes().to_vec();
     v.extend_from_slice(s);
@@ -62,6 +76,7 @@ pub fn gstr(s: &[u8]) -> Vec<u8> {
 }
 
 impl G {
+    /// An empty version-3 file with alignment 32.
     pub fn new() -> Self {
         G { magic: *b"GGUF", version: 3, n_tensors: None, n_kv: None, kv: vec![], nkv: 0, infos: vec![], nt: 0, alignment: 32, data: vec![] }
     }
@@ -73,9 +88,11 @@ impl G {
         self.nkv += 1;
         self
     }
+    /// Appends a string metadata entry.
     pub fn kv_str(self, key: &str, v: &str) -> Self {
         self.kv_raw(key.as_bytes(), 8, &gstr(v.as_bytes()))
     }
+    /// Appends a u32 metadata entry.
     pub fn kv_u32(self, key: &str, v: u32) -> Self {
         self.kv_raw(key.as_bytes(), 4, &v.to_le_bytes())
     }
@@ -91,13 +108,16 @@ impl G {
         self.nt += 1;
         self
     }
+    /// Appends a tensor info with a UTF-8 name.
     pub fn tensor(self, name: &str, dims: &[u64], ty: u32, offset: u64) -> Self {
         self.tensor_raw(name.as_bytes(), dims, ty, offset)
     }
+    /// Appends bytes to the data section.
     pub fn data(mut self, d: &[u8]) -> Self {
         self.data.extend_from_slice(d);
         self
     }
+    /// Magic, version, counts, metadata and tensor infos (no padding, no data).
     pub fn header(&self) -> Vec<u8> {
         let mut out = self.magic.to_vec();
         out.extend(self.version.to_le_bytes());
@@ -107,6 +127,7 @@ impl G {
         out.extend_from_slice(&self.infos);
         out
     }
+    /// The whole file: header, padding to the alignment, data.
     pub fn build(&self) -> Vec<u8> {
         let mut out = self.header();
         while out.len() % self.alignment != 0 {
@@ -122,10 +143,11 @@ pub fn small_gguf() -> G {
     G::new().kv_str("general.architecture", "toy").tensor("w", &[2, 2], 0, 0).data(&f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
 }
 
-/// A valid GGUF written by edgerun's own writer: f32, f16, q8_0 and q4_0 tensors plus the config.
 /// Name, shape and the f32 values a tensor was written from.
 pub type Written = Vec<(String, Vec<usize>, Vec<f32>)>;
 
+/// A valid GGUF written by edgerun's own writer: f32, f16, q8_0 and q4_0 tensors plus the config
+/// (and a `big` × 32 Q8_0 tensor when `big > 0`); its bytes and what was written.
 pub fn valid_gguf_with(big: usize) -> (Vec<u8>, Written) {
     let dev = Device::Cpu;
     let mut specs: Vec<(String, Vec<usize>, GgmlDType)> = vec![
@@ -165,6 +187,7 @@ pub fn valid_gguf_with(big: usize) -> (Vec<u8>, Written) {
     (w.finish().unwrap().into_inner(), values)
 }
 
+/// [`valid_gguf_with`] without the large tensor, bytes only.
 pub fn valid_gguf() -> Vec<u8> {
     valid_gguf_with(0).0
 }
