@@ -162,6 +162,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
         assert_eq!((dh, dw), (h, w));
         let want = est.predict(&[&img], 1).unwrap().remove(0);
         let max = want.values.iter().fold(0f32, |a, v| a.max(v.abs())).max(1.0);
+        assert_eq!(depth.len(), want.values.len(), "{rel}");
         for (a, b) in depth.iter().zip(&want.values) {
             assert!((a - b).abs() <= 2e-3 * max, "{rel}: depth {a} vs {b}");
         }

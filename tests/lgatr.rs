@@ -438,8 +438,12 @@ fn events_have_no_cross_talk() {
     let packed = pack_events(&events).unwrap();
     assert_eq!(packed["multivectors"].dims(), &[lens.iter().sum::<usize>(), 1, 16]);
     let back = unpack_events(&packed).unwrap();
+    assert_eq!(back.len(), events.len());
     for (e, b) in events.iter().zip(&back) {
-        assert_eq!(max_diff(&e["multivectors"], &b["multivectors"]), 0.0);
+        assert_eq!(e.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, t) in e {
+            assert_eq!(max_diff(t, &b[name]), 0.0, "{name}");
+        }
     }
 }
 
@@ -458,6 +462,7 @@ fn slim_events_have_no_cross_talk() {
         })
         .collect();
     let out = forward_events(model.as_ref(), &events, 0).unwrap();
+    assert_eq!(out.len(), events.len());
     for (e, o) in events.iter().zip(&out) {
         let solo = forward_events(model.as_ref(), std::slice::from_ref(e), 0).unwrap().remove(0);
         assert!(max_diff(&o["outputs_v"], &solo["outputs_v"]) < 1e-5);

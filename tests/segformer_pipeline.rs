@@ -181,6 +181,7 @@ fn segmenter_runs_batched_and_matches_single() {
     assert_eq!(both[1].len(), 150 * 120);
     assert!(both.iter().flatten().all(|&i| i < 5));
     let single = seg.segment(&[&b]).unwrap();
+    assert_eq!(single[0].len(), both[1].len());
     // Same input alone: identical up to float noise from batched matmuls (allow rare near-tie flips).
     let diff = single[0].iter().zip(&both[1]).filter(|(x, y)| x != y).count();
     assert!(diff * 1000 <= single[0].len(), "{diff} pixels differ");
