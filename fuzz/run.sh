@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seeds and runs every fuzz target for a bounded time: fuzz/run.sh [seconds per target, default 120].
-# Seeds: corpus-seeds/<target> (tiny valid files; regenerate with
-# `EDGERUN_FUZZ_SEEDS=fuzz/corpus-seeds cargo test --test malformed write_fuzz_seeds`).
+# Seeds: corpus-seeds/<target> (tiny valid files; regenerate from the repository root with
+# `cargo run --example fuzz_seeds`; `cargo test --test malformed` checks they are current).
 # Needs a nightly toolchain and cargo-fuzz (`cargo +nightly install cargo-fuzz`). Fails on a crash.
 set -uo pipefail
 cd "$(dirname "$0")"

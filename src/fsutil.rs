@@ -89,7 +89,8 @@ impl AtomicFile {
         self.file.as_mut().expect("AtomicFile used after commit")
     }
 
-    /// Flushes, fsyncs and renames into place, then fsyncs the directory.
+    /// Flushes, fsyncs and renames into place, then fsyncs the directory. On failure the temp file
+    /// is removed and `dest` is left as it was.
     pub fn commit(mut self) -> Result<()> {
         let Some(file) = self.file.take() else { return Err(Error::Input("AtomicFile committed twice".into())) };
         let synced = file.sync_all();
@@ -135,4 +136,79 @@ pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
     let mut f = AtomicFile::create(dest)?;
     f.write_all(bytes).map_err(|e| Error::io(dest, e))?;
     f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn writes_go_to_a_hidden_temp_file_until_commit() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("out.bin");
+        let mut f = AtomicFile::create(&dest).unwrap();
+        f.write_all(b"data").unwrap();
+        f.flush().unwrap();
+        assert_eq!(names(d.path()), vec![format!(".out.bin.tmp-{}", std::process::id())]);
+        f.commit().unwrap();
+        assert_eq!(names(d.path()), vec!["out.bin"]);
+        assert_eq!(std::fs::read(&dest).unwrap(), b"data");
+    }
+
+    #[test]
+    fn drop_without_commit_leaves_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let mut f = AtomicFile::create(d.path().join("out.bin")).unwrap();
+        f.write_all(&[7u8; 100_000]).unwrap();
+        assert_eq!(names(d.path()).len(), 1, "the temp file exists while writing");
+        drop(f);
+        assert!(names(d.path()).is_empty(), "{:?}", names(d.path()));
+    }
+
+    #[test]
+    fn an_error_after_a_partial_write_keeps_the_old_file_and_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("out.bin");
+        std::fs::write(&dest, b"old").unwrap();
+        // A writer that fails part-way, as `quantize` does when a tensor cannot be read.
+        let write = |second: Result<&[u8]>| -> Result<()> {
+            let mut f = AtomicFile::create(&dest)?;
+            f.write_all(b"new, first half").map_err(|e| Error::io(&dest, e))?;
+            f.write_all(second?).map_err(|e| Error::io(&dest, e))?;
+            f.commit()
+        };
+        assert!(write(Err(Error::Input("second half unavailable".into()))).is_err());
+        assert_eq!(names(d.path()), vec!["out.bin"]);
+        assert_eq!(std::fs::read(&dest).unwrap(), b"old");
+    }
+
+    #[test]
+    fn commit_replaces_an_existing_file() {
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("out.bin");
+        std::fs::write(&dest, b"an older, longer content").unwrap();
+        write_atomic(&dest, b"new").unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"new");
+        assert_eq!(names(d.path()), vec!["out.bin"]);
+    }
+
+    #[test]
+    fn a_failed_rename_removes_the_temp_file() {
+        let d = tempfile::tempdir().unwrap();
+        // A non-empty directory at the destination: the rename must fail.
+        let dest = d.path().join("taken");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("inside"), b"x").unwrap();
+        let e = write_atomic(&dest, b"new").unwrap_err();
+        assert!(e.to_string().contains("taken"), "{e}");
+        assert_eq!(names(d.path()), vec!["taken"]);
+        assert_eq!(names(&dest), vec!["inside"]);
+    }
 }

@@ -1,7 +1,7 @@
 //! `edgerun annotate`: end-to-end on a generated image tree with the tiny fixture models, resume after
 //! kill -9 at random points, failed inputs, fallback models, sharding + merge, the cached input list.
 mod common;
-use common::dev;
+use common::{dev, device_arg};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -69,7 +69,7 @@ fn image_tree(root: &Path, n: usize) -> Vec<String> {
 }
 
 fn config(m: &Models, batch: usize) -> Config {
-    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: "cpu".into(), batch: edgerun::memory::BatchSetting::Fixed(batch), ..Default::default() };
+    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: device_arg(), batch: edgerun::memory::BatchSetting::Fixed(batch), ..Default::default() };
     c.depth.model = m.depth.to_string_lossy().into_owned();
     c.segmentation.model = m.seg.to_string_lossy().into_owned();
     c.segmentation.visualize = true;
@@ -147,6 +147,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
     assert_eq!((s.processed, s.failed, s.skipped), (9, 0, 0), "{}", s.render());
     for st in ["depth", "edges", "segmentation"] {
         assert_eq!(s.stages[st].done, 9, "{st}");
+        assert_eq!(s.stages[st].model_loaded, st != "edges", "{st}: a model is loaded for the model stages only");
     }
     assert!(out.join("summary.json").is_file());
 
@@ -161,6 +162,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
         assert_eq!((dh, dw), (h, w));
         let want = est.predict(&[&img], 1).unwrap().remove(0);
         let max = want.values.iter().fold(0f32, |a, v| a.max(v.abs())).max(1.0);
+        assert_eq!(depth.len(), want.values.len(), "{rel}");
         for (a, b) in depth.iter().zip(&want.values) {
             assert!((a - b).abs() <= 2e-3 * max, "{rel}: depth {a} vs {b}");
         }
@@ -185,7 +187,9 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
     // A rerun finds everything done and loads no model.
     let s = annotate::run(&opts(&cfg, &input, &out)).unwrap();
     assert_eq!((s.processed, s.skipped), (0, 9));
-    assert!(s.load_s < 0.05, "no model is loaded when nothing is to do");
+    for (st, x) in &s.stages {
+        assert!(!x.model_loaded, "{st}: no model is loaded when nothing is to do");
+    }
     assert_eq!(outputs(&out), before);
 
     // Edges alone read the depth maps on disk and reproduce the same bytes.
@@ -196,6 +200,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
     only_edges.depth.model = "/nonexistent".into();
     let s = annotate::run(&opts(&only_edges, &input, &out)).unwrap();
     assert_eq!((s.processed, s.failed), (9, 0));
+    assert!(!s.stages["edges"].model_loaded);
     assert_eq!(outputs(&out), before);
     assert!(temp_files(&out).is_empty());
 }
@@ -405,7 +410,7 @@ fn print_config_is_the_parseable_default() {
     assert_eq!(Config::from_toml(&text, Path::new(".")).unwrap(), Config::default());
 }
 
-/// A small xorshift generator seeded from the clock (the seed is printed for reproduction).
+/// A small xorshift generator (seed from `EDGERUN_KILL_SEED` or the clock; printed for reproduction).
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -419,8 +424,25 @@ impl Rng {
     }
 }
 
+/// Inputs that have a record (ok or failed) in every stage's journal under `out`.
+fn recorded_everywhere(out: &Path) -> usize {
+    let mut per_stage = [StageKind::Depth, StageKind::Edges, StageKind::Segmentation]
+        .map(|st| read_records(&journal_path(out, st, "")).unwrap().into_iter().map(|r| r.input).collect::<std::collections::HashSet<_>>());
+    let [a, b, c] = &mut per_stage;
+    a.retain(|i| b.contains(i) && c.contains(i));
+    a.len()
+}
+
+/// Kills the CLI with SIGKILL a fixed number of times at random points and resumes; the result must
+/// equal an uninterrupted run. Kill delays are drawn from a seeded RNG (`EDGERUN_KILL_SEED=<u64>`
+/// reproduces a run's draws; the seed is printed) within the reference run's measured duration. A run
+/// that finishes before its kill starts a fresh output tree; the loop only ends right after a kill
+/// that left some but not all inputs journaled, so the final comparison always follows a resume from
+/// a kill mid-run.
 #[test]
 fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
+    const KILLS: usize = 8;
+    const MAX_RUNS: usize = 60;
     let t = tempfile::tempdir().unwrap();
     let m = models(&t.path().join("models"));
     let input = t.path().join("in");
@@ -428,9 +450,10 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
     std::fs::write(input.join("flight_a/broken.jpg"), b"\xFF\xD8\xFF\xE0 truncated").unwrap();
     let n_items = rels.len() + 1;
     let toml = format!(
-        "stages = [\"depth\", \"edges\", \"segmentation\"]\ndevice = \"cpu\"\nbatch = 3\nwrite_threads = 2\ndecode_threads = 2\n\
+        "stages = [\"depth\", \"edges\", \"segmentation\"]\ndevice = {:?}\nbatch = 3\nwrite_threads = 2\ndecode_threads = 2\n\
          [journal]\nsync_every = 4\n[progress]\nmode = \"none\"\n\
          [depth]\nmodel = {:?}\nvisualize = true\n[segmentation]\nmodel = {:?}\n",
+        device_arg(),
         m.depth.to_string_lossy(),
         m.seg.to_string_lossy()
     );
@@ -438,6 +461,11 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
     std::fs::write(&cfg_path, toml).unwrap();
     let run_to = |out: &Path| {
         bin().arg("annotate").arg("--config").arg(&cfg_path).arg(&input).arg(out).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap()
+    };
+    let stderr_of = |child: &mut std::process::Child| {
+        let mut e = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut e).unwrap();
+        e
     };
 
     let reference = t.path().join("reference");
@@ -448,34 +476,42 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
     let want = outputs(&reference);
     assert_eq!(want.len(), rels.len() * 4, "depth npy+viz, edges, segmentation");
 
-    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
-    eprintln!("kill test: seed {seed}, uninterrupted run {full:?}");
-    let mut rng = Rng(seed);
+    let seed = match std::env::var("EDGERUN_KILL_SEED") {
+        Ok(v) => v.trim().parse::<u64>().unwrap_or_else(|_| panic!("EDGERUN_KILL_SEED={v}: not a u64")),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+    };
+    eprintln!("kill test: seed {seed} (EDGERUN_KILL_SEED={seed} reproduces the draws), uninterrupted run {full:?}");
+    let mut rng = Rng(seed | 1);
     let out = t.path().join("killed");
-    let budget = Duration::from_secs(30);
-    let start = Instant::now();
-    let (mut kills, mut finished) = (0, 0);
-    // Delays scale with the uninterrupted run's time, adapted to the machine's current load: shorter
-    // after a run finished before its kill, longer after a kill.
+    let (mut runs, mut kills, mut finished, mut kills_since_wipe) = (0, 0, 0, 0);
+    let mut left_after_last_kill = 0;
+    // Delays are fractions of the uninterrupted run's time, scaled down after a run finished before
+    // its kill (a resumed run has less to do) and back up after a kill.
     let mut scale = 1.0f64;
-    while start.elapsed() < budget && kills < 40 {
+    let mid_run = |left: usize| left > 0 && left < n_items;
+    while kills < KILLS || !mid_run(left_after_last_kill) {
+        assert!(runs < MAX_RUNS, "{kills} kills in {runs} runs ({finished} finished first; seed {seed})");
+        runs += 1;
         let mut child = run_to(&out);
-        let delay = full.mul_f64(scale * (0.02 + 1.1 * rng.unit()));
-        std::thread::sleep(delay);
-        if child.try_wait().unwrap().is_some() {
-            scale = (scale * 0.7).max(0.02);
+        std::thread::sleep(full.mul_f64(scale * (0.02 + 0.98 * rng.unit())));
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "run {runs} after {kills_since_wipe} kills failed (seed {seed}): {}", stderr_of(&mut child));
             finished += 1;
-            // Start over on a fresh tree now and then, so kills land in every phase.
-            if finished % 2 == 0 {
-                std::fs::remove_dir_all(&out).unwrap();
-            }
+            scale = (scale * 0.7).max(0.02);
+            // Start over on a fresh tree, so the next kills land in every phase of a run.
+            std::fs::remove_dir_all(&out).unwrap();
+            kills_since_wipe = 0;
+            left_after_last_kill = 0;
             continue;
         }
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         kills += 1;
-        scale = (scale * 1.15).min(1.5);
-        if kills % 5 == 0 {
+        kills_since_wipe += 1;
+        scale = (scale * 1.15).min(1.0);
+        left_after_last_kill = n_items - recorded_everywhere(&out);
+        let last = kills >= KILLS && mid_run(left_after_last_kill);
+        if kills % 3 == 0 || last {
             // A torn journal record, as a crash mid-write leaves it.
             use std::io::Write;
             let p = journal_path(&out, StageKind::Segmentation, "");
@@ -483,11 +519,20 @@ fn kill_9_at_random_points_then_resume_gives_identical_outputs_done_once() {
                 std::fs::OpenOptions::new().append(true).open(&p).unwrap().write_all(b"{\"input\":\"flight_b/ro").unwrap();
             }
         }
+        if last && out.join("depth").is_dir() {
+            // A temp file, as a kill inside an atomic write leaves it (the final resume must remove it).
+            std::fs::write(out.join("depth").join(".img_001.npy.tmp-99999"), b"partial").unwrap();
+        }
     }
-    eprintln!("kill test: {kills} kills, {finished} runs finished on their own, {:?}", start.elapsed());
-    assert!(kills >= 5, "too few kills landed ({kills})");
+    eprintln!(
+        "kill test: {kills} kills in {runs} runs ({finished} finished first), {kills_since_wipe} kills since the last fresh start, \
+         {left_after_last_kill} of {n_items} inputs left after the last one"
+    );
+    assert!(kills_since_wipe >= 1 && mid_run(left_after_last_kill), "the final resume must follow a kill mid-run");
     let o = run_to(&out).wait_with_output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["processed"].as_u64().unwrap() >= 1, "the final run resumed interrupted work: {summary}");
 
     let got = outputs(&out);
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "output file sets differ");
@@ -517,7 +562,7 @@ fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
     for f in ["scene.tif", "rotated_be.tif", "plain.png"] {
         std::fs::copy(fixture("chmv2_geotiff").join(f), input.join("tiles").join(f)).unwrap();
     }
-    let mut cfg = Config { stages: vec![StageKind::Chm], device: "cpu".into(), batch: edgerun::memory::BatchSetting::Fixed(2), ..Default::default() };
+    let mut cfg = Config { stages: vec![StageKind::Chm], device: device_arg(), batch: edgerun::memory::BatchSetting::Fixed(2), ..Default::default() };
     cfg.chm.model = fixture("chmv2_tiny").to_string_lossy().into_owned();
     cfg.chm.visualize = true;
     cfg.progress.mode = "none".into();

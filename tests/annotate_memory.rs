@@ -1,13 +1,13 @@
 //! `edgerun annotate` under memory pressure: with `EDGERUN_INJECT_OOM_ABOVE` every forward pass over
 //! N images fails as a device out of memory does; the batch halves, the same images are retried, the
 //! journal records each image exactly once, and the outputs equal those of a batch-1 run.
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
-}
+use common::{device_arg as device, fixture};
 
 /// A fixture model copied into `dir` with a small network input size, so the test stays quick.
 fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBuf {
@@ -17,10 +17,6 @@ fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBuf {
     }
     std::fs::write(dir.join("preprocessor_config.json"), preprocessor).unwrap();
     dir.to_path_buf()
-}
-
-fn device() -> String {
-    std::env::var("EDGERUN_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
 }
 
 /// Twelve images of one size in two directories.

@@ -103,27 +103,33 @@ fn unknown_strategies_are_config_errors() {
     assert!(FeaturesToDepth::new("log", "linear", 0.0, 96.0).is_err());
 }
 
-/// Half-precision compute on the fixtures: finite, and the error against the f32 reference.
+/// Half-precision compute on the fixtures: finite, and within 4× the max abs error (metres) measured
+/// against the f32 reference on the CPU.
 #[test]
 fn reduced_precision_stays_finite() {
     use edgerun::models::chmv2::Precision;
-    for name in ["chmv2_tiny", "chmv2_reg4", "chmv2_gated"] {
+    // Bounds for f16 everywhere / f32 backbone + f16 head / f16 backbone + f32 head; measured errors:
+    // tiny 0.2929 / 0.4537 / 0.2562, reg4 0.3345 / 0.2225 / 0.2628, gated 0.0112 / 0.0056 / 0.0044.
+    for (name, bounds) in [("chmv2_tiny", [1.2, 1.8, 1.0]), ("chmv2_reg4", [1.3, 0.9, 1.05]), ("chmv2_gated", [0.045, 0.022, 0.018])] {
         let dir = fixture(name);
         let inputs = tensors(&dir, "input.safetensors");
         let expected = tensors(&dir, "expected.safetensors");
         let store = Arc::new(WeightStore::open(&dir).unwrap());
         let cfg = store.config().clone();
         // (Candle's CPU backend has no bf16 matmul/conv, so bf16 is a GPU-only option.)
-        for (label, p) in [
+        for ((label, p), bound) in [
             ("f16", Precision::uniform(DType::F16)),
             ("f32 backbone + f16 head", Precision { backbone: DType::F32, head: DType::F16 }),
             ("f16 backbone + f32 head", Precision { backbone: DType::F16, head: DType::F32 }),
-        ] {
+        ]
+        .into_iter()
+        .zip(bounds)
+        {
             let m = Chmv2::load_with(&Vb::new(store.clone(), DType::F32, dev()), &cfg, p).unwrap();
             let got = m.forward(&inputs["pixel_values"]).unwrap();
             let (err, max_ref) = errors(&got, &expected["predicted_depth"]);
-            eprintln!("{name} {label}: max abs error {err:.4} m (max|ref| {max_ref:.2})");
-            assert!(err <= 0.05 * max_ref.max(1.0), "{name} {label}: {err}");
+            eprintln!("{name} {label}: max abs error {err:.4} m (bound {bound}, max|ref| {max_ref:.2})");
+            assert!(err <= bound, "{name} {label}: max abs error {err} m > {bound}");
         }
     }
 }
@@ -207,7 +213,8 @@ fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
     let logits = m.head_logits(&inputs["pixel_values"]).unwrap();
     let (err, max_ref) = errors(&logits, &expected["head_logits"]);
     eprintln!("chmv2_tiny Q8_0 GGUF: head logits max abs error {err:.4} (max|ref| {max_ref:.2})");
-    assert!(err <= 0.05 * max_ref, "{err}");
+    // Measured 0.0243; the bound is 3× that.
+    assert!(err <= 0.073, "head logits max abs error {err}");
     let depth = m.features_to_depth().forward(&logits).unwrap();
     assert!(depth.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|v| v.is_finite()));
 }

@@ -1,10 +1,14 @@
 //! The depthwise conv kernel (`edgerun::nn::depthwise`) against Candle's grouped `conv2d`
 //! (groups = C): forward values and input/weight/bias gradients, over odd sizes, padding,
 //! stride, dilation, non-square kernels and channel multipliers.
-mod common;
-use common::dev;
-use candle_core::{DType, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
+
+/// The device of every tensor here: the kernel under test is a CPU kernel and other devices run the
+/// grouped conv itself, so these tests stay on the CPU whatever `EDGERUN_TEST_DEVICE` says.
+fn cpu() -> Device {
+    Device::Cpu
+}
 
 /// Deterministic pseudo-random values in [-1, 1) (xorshift), so failures reproduce.
 fn rand(shape: &[usize], seed: u64) -> Tensor {
@@ -18,7 +22,7 @@ fn rand(shape: &[usize], seed: u64) -> Tensor {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect();
-    Tensor::from_vec(v, shape, &dev()).unwrap()
+    Tensor::from_vec(v, shape, &cpu()).unwrap()
 }
 
 /// Max |a − b|, computed in f64.
@@ -100,7 +104,7 @@ fn tap_sum_reference(x: &Tensor, w: &Tensor, bias: &Tensor, cfg: DepthwiseConfig
     let ow = (wd + 2 * p - d * (kw - 1) - 1) / s + 1;
     let x = if m > 1 {
         let idx: Vec<u32> = (0..co as u32).map(|o| o / m as u32).collect();
-        x.index_select(&Tensor::new(idx, &dev()).unwrap(), 1).unwrap()
+        x.index_select(&Tensor::new(idx, &cpu()).unwrap(), 1).unwrap()
     } else {
         x.clone()
     };
@@ -108,10 +112,10 @@ fn tap_sum_reference(x: &Tensor, w: &Tensor, bias: &Tensor, cfg: DepthwiseConfig
     let mut y: Option<Tensor> = None;
     for ki in 0..kh {
         let rows: Vec<u32> = (0..oh).map(|oy| (oy * s + ki * d) as u32).collect();
-        let xr = xp.index_select(&Tensor::new(rows, &dev()).unwrap(), 2).unwrap();
+        let xr = xp.index_select(&Tensor::new(rows, &cpu()).unwrap(), 2).unwrap();
         for kj in 0..kw {
             let cols: Vec<u32> = (0..ow).map(|ox| (ox * s + kj * d) as u32).collect();
-            let xt = xr.index_select(&Tensor::new(cols, &dev()).unwrap(), 3).unwrap();
+            let xt = xr.index_select(&Tensor::new(cols, &cpu()).unwrap(), 3).unwrap();
             let wk = w.narrow(2, ki, 1).unwrap().narrow(3, kj, 1).unwrap().reshape((1, co, 1, 1)).unwrap();
             let t = xt.broadcast_mul(&wk).unwrap();
             y = Some(match y {

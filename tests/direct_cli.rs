@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::fixture;
+use common::{device_arg as device, fixture};
 
 fn edgerun(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_edgerun")).args(args).output().expect("run edgerun")
@@ -16,10 +16,6 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The device the CLI tests run on (`EDGERUN_TEST_DEVICE`, default cpu).
-fn device() -> String {
-    std::env::var("EDGERUN_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
-}
 
 fn write_png(path: &Path, w: u32, h: u32, seed: u8) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();

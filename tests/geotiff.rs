@@ -4,7 +4,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::fixture;
+use common::{device_arg, fixture};
 use edgerun::geotiff::{read_f32, write_f32, GeoReference, RawTag, GDAL_NODATA, MODEL_PIXEL_SCALE, MODEL_TIEPOINT};
 
 fn unhex(s: &str) -> Vec<u8> {
@@ -93,7 +93,7 @@ fn chm_cli_writes_npy_and_georeferenced_tif() {
     let dir = tempfile::tempdir().unwrap();
     let g = fixture("chmv2_geotiff");
     let status = Command::new(env!("CARGO_BIN_EXE_edgerun"))
-        .args(["chm", "--device", "cpu", "--batch", "2", "--model"])
+        .args(["chm", "--device", &device_arg(), "--batch", "2", "--model"])
         .arg(fixture("chmv2_tiny"))
         .arg(g.join("scene.tif"))
         .arg(g.join("plain.png"))

@@ -80,9 +80,12 @@ impl Rng {
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
     fn tensor(&mut self, shape: &[usize], dtype: DType) -> Tensor {
+        self.tensor_on(shape, dtype, &dev())
+    }
+    fn tensor_on(&mut self, shape: &[usize], dtype: DType, device: &candle_core::Device) -> Tensor {
         let n: usize = shape.iter().product();
         let v: Vec<f64> = (0..n).map(|_| self.normal()).collect();
-        Tensor::from_vec(v, shape, &dev()).unwrap().to_dtype(dtype).unwrap()
+        Tensor::from_vec(v, shape, device).unwrap().to_dtype(dtype).unwrap()
     }
     /// A random proper orthochronous Lorentz matrix `R · B`: uniform rotation, boost with
     /// velocity components ~ N(0, 0.4²) (|β| capped at 0.9).
@@ -419,20 +422,28 @@ fn events_have_no_cross_talk() {
         one.insert(k.clone(), t.unsqueeze(0).unwrap());
     }
     let direct = model.forward_named(&one).unwrap();
-    assert!(max_diff(&direct["outputs_mv"].squeeze(0).unwrap(), &solo[1]["outputs_mv"]) < 1e-5);
+    for name in ["outputs_mv", "outputs_s"] {
+        assert!(max_diff(&direct[name].squeeze(0).unwrap(), &solo[1][name]) < 1e-5, "{name}");
+    }
     // perturb event 4 (same length as event 1, so they share a batch): event 1 is unchanged
     let mut changed = events.clone();
     changed[4] = lgatr_event(&mut rng, 12);
     let a = forward_events(model.as_ref(), &events, 0).unwrap();
     let b = forward_events(model.as_ref(), &changed, 0).unwrap();
-    assert!(max_diff(&a[1]["outputs_mv"], &b[1]["outputs_mv"]) < 1e-6);
-    assert!(max_diff(&a[4]["outputs_mv"], &b[4]["outputs_mv"]) > 1e-3);
+    for name in ["outputs_mv", "outputs_s"] {
+        assert!(max_diff(&a[1][name], &b[1][name]) < 1e-6, "event 1 {name} changed with event 4");
+        assert!(max_diff(&a[4][name], &b[4][name]) > 1e-3, "event 4 {name} did not change");
+    }
     // packing
     let packed = pack_events(&events).unwrap();
     assert_eq!(packed["multivectors"].dims(), &[lens.iter().sum::<usize>(), 1, 16]);
     let back = unpack_events(&packed).unwrap();
+    assert_eq!(back.len(), events.len());
     for (e, b) in events.iter().zip(&back) {
-        assert_eq!(max_diff(&e["multivectors"], &b["multivectors"]), 0.0);
+        assert_eq!(e.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        for (name, t) in e {
+            assert_eq!(max_diff(t, &b[name]), 0.0, "{name}");
+        }
     }
 }
 
@@ -451,6 +462,7 @@ fn slim_events_have_no_cross_talk() {
         })
         .collect();
     let out = forward_events(model.as_ref(), &events, 0).unwrap();
+    assert_eq!(out.len(), events.len());
     for (e, o) in events.iter().zip(&out) {
         let solo = forward_events(model.as_ref(), std::slice::from_ref(e), 0).unwrap().remove(0);
         assert!(max_diff(&o["outputs_v"], &solo["outputs_v"]) < 1e-5);
@@ -544,9 +556,11 @@ fn bad_inputs_are_reported() {
 
 /// The CPU row kernels (equivariant layer norm with gains, gated nonlinearity, geometric
 /// product with pass-through and bivector switch) equal their tensor-op reference forms, which
-/// are what other devices run.
+/// are what other devices run. Pinned to the CPU whatever `EDGERUN_TEST_DEVICE` says: elsewhere the
+/// "kernel" would be the reference itself.
 #[test]
 fn cpu_kernels_match_tensor_ops() {
+    let cpu = candle_core::Device::Cpu;
     use lgatr::bilinear::gp_fused;
     use lgatr::mlp::{gate_fused, gate_fused_reference};
     use lgatr::norm::EquiNorm;
@@ -554,16 +568,16 @@ fn cpu_kernels_match_tensor_ops() {
     for dtype in [DType::F32, DType::F64] {
         let tol = if dtype == DType::F32 { 2e-5 } else { 1e-12 };
         let (c, s) = (5, 7);
-        let x = rng.tensor(&[33, 16 * c + s], dtype);
+        let x = rng.tensor_on(&[33, 16 * c + s], dtype, &cpu);
         // gains through a VarBuilder
         let mut w = std::collections::HashMap::new();
         w.insert(
             "weight_mv".to_string(),
-            (rng.tensor(&[c, 5], DType::F64).abs().unwrap() + 0.5).unwrap().to_dtype(dtype).unwrap(),
+            (rng.tensor_on(&[c, 5], DType::F64, &cpu).abs().unwrap() + 0.5).unwrap().to_dtype(dtype).unwrap(),
         );
-        w.insert("weight_s".to_string(), rng.tensor(&[s], dtype));
-        let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &dev());
-        for norm in [EquiNorm::plain(c, s, &dev(), dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
+        w.insert("weight_s".to_string(), rng.tensor_on(&[s], dtype, &cpu));
+        let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &cpu);
+        for norm in [EquiNorm::plain(c, s, &cpu, dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
             let scaled = (&x * 1e-3).unwrap();
             for input in [&x, &scaled] {
                 let d = max_diff(&norm.forward(input).unwrap(), &norm.forward_reference(input).unwrap());
@@ -577,7 +591,7 @@ fn cpu_kernels_match_tensor_ops() {
         }
         // 11 channels: one full 8-lane tile and a partial one
         let ch = 11;
-        let lr = rng.tensor(&[9, 2 * ch * 16 + 3], dtype);
+        let lr = rng.tensor_on(&[9, 2 * ch * 16 + 3], dtype, &cpu);
         for bivector in [true, false] {
             let g = gp_fused(&lr, ch, 3, bivector).unwrap();
             let left = lr.narrow(1, 0, ch * 16).unwrap().reshape((9, ch, 16)).unwrap();
@@ -587,7 +601,7 @@ fn cpu_kernels_match_tensor_ops() {
             if !bivector {
                 let mask: Vec<f64> = (0..16).map(|i| if (5..11).contains(&i) { 0.0 } else { 1.0 }).collect();
                 let mask =
-                    Tensor::from_vec(mask, 16, &dev()).unwrap().to_dtype(dtype).unwrap().repeat(ch).unwrap();
+                    Tensor::from_vec(mask, 16, &cpu).unwrap().to_dtype(dtype).unwrap().repeat(ch).unwrap();
                 want = want.broadcast_mul(&mask).unwrap();
             }
             let want = Tensor::cat(&[&want, &lr.narrow(1, 2 * ch * 16, 3).unwrap()], 1).unwrap();
@@ -614,6 +628,8 @@ fn sub_batched_forward_matches_single_events() {
             one.insert(k.clone(), t.narrow(0, i, 1).unwrap());
         }
         let o = model.forward_named(&one).unwrap();
-        assert!(max_diff(&o["outputs_mv"], &all["outputs_mv"].narrow(0, i, 1).unwrap()) < 1e-5, "event {i}");
+        for name in ["outputs_mv", "outputs_s"] {
+            assert!(max_diff(&o[name], &all[name].narrow(0, i, 1).unwrap()) < 1e-5, "event {i} {name}");
+        }
     }
 }

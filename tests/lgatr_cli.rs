@@ -25,11 +25,15 @@ fn packed_events_match_single_event_forwards() {
     let (inp, out) = (tmp.path().join("events.safetensors"), tmp.path().join("out.safetensors"));
     write_tensors(&inp, &packed).unwrap();
     let st = std::process::Command::new(env!("CARGO_BIN_EXE_edgerun"))
-        .args(["lgatr", "--model", dir.to_str().unwrap(), "--input", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--device", "cpu"])
+        .args(["lgatr", "--model", dir.to_str().unwrap(), "--input", inp.to_str().unwrap(), "--output", out.to_str().unwrap(), "--device", &device_arg()])
         .status()
         .unwrap();
     assert!(st.success());
     let got = tensors(tmp.path(), "out.safetensors");
+    // Exactly the packed items come back: no padding rows, nothing dropped.
+    let total: usize = lens.iter().sum();
+    assert_eq!(got["outputs_mv"].dims(), &[total, 1, 16]);
+    assert_eq!(got["outputs_s"].dims()[0], total);
     let model = load_model(&dir, DType::F32);
     let mut offset = 0;
     for (k, &n) in lens.iter().enumerate() {

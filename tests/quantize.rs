@@ -50,13 +50,43 @@ fn k_quant_falls_back_when_inner_dim_does_not_fit() {
     assert_eq!(q.dtype, StoredDType::Ggml(GgmlDType::Q8_0));
 }
 
+/// A GGUF whose first tensor (`a.weight`, f32) reads fine and whose second (`z`, Q8_1: a valid GGML
+/// type that cannot be loaded for compute) fails when `quantize` reaches it, after `a.weight` is written.
+fn gguf_failing_at_second_tensor() -> Vec<u8> {
+    use edgerun::quantize::gguf_writer::{plan, GgufWriter};
+    let a: Vec<u8> = (0..64).flat_map(|i| (i as f32 * 0.1).to_le_bytes()).collect();
+    let planned = plan(vec![("a.weight".into(), vec![2, 32], GgmlDType::F32), ("z".into(), vec![32], GgmlDType::Q8_1)]).unwrap();
+    let mut w = GgufWriter::new(std::io::Cursor::new(Vec::new()), &[], planned).unwrap();
+    w.write_tensor(&a).unwrap();
+    w.write_tensor(&[0u8; 36]).unwrap();
+    w.finish().unwrap().into_inner()
+}
+
 #[test]
 fn no_partial_file_on_failure() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("m.gguf");
-    let err = quantize(&tmp.path().join("missing"), &out, GgmlDType::Q8_0, &Recipe::default(), |_| {});
+    let input = tmp.path().join("bad.gguf");
+    std::fs::write(&input, gguf_failing_at_second_tensor()).unwrap();
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out = out_dir.join("m.gguf");
+    std::fs::write(&out, b"an earlier output").unwrap();
+    let listing = || std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect::<Vec<_>>();
+    // While the first tensor is reported, its bytes are in a temp file beside the output.
+    let mut during = Vec::new();
+    let err = quantize(&input, &out, GgmlDType::Q8_0, &Recipe::default(), |r| during.push((r.name.clone(), listing())))
+        .expect_err("the Q8_1 tensor cannot be read");
+    assert!(err.to_string().contains("`z`") && err.to_string().contains("cannot be loaded"), "{err}");
+    assert_eq!(during.len(), 1, "failed at the second tensor: {during:?}");
+    assert_eq!(during[0].0, "a.weight");
+    assert!(during[0].1.iter().any(|n| n.starts_with(".m.gguf.tmp-")), "no temp file mid-write: {during:?}");
+    // Afterwards: the earlier output untouched, no temp file.
+    assert_eq!(listing(), vec!["m.gguf"]);
+    assert_eq!(std::fs::read(&out).unwrap(), b"an earlier output");
+    // A missing input fails before anything is created.
+    let err = quantize(&tmp.path().join("missing"), &out_dir.join("n.gguf"), GgmlDType::Q8_0, &Recipe::default(), |_| {});
     assert!(err.is_err());
-    assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0, "nothing left behind");
+    assert_eq!(listing(), vec!["m.gguf"]);
 }
 
 #[test]

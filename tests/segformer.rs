@@ -181,11 +181,13 @@ fn half_precision_runs_close() {
         let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
         let got = m.forward(&input["pixel_values"]).unwrap();
         assert_eq!(got.dtype(), dt);
-        let (_, g) = vec4(&got);
-        let (_, w) = vec4(&expected["logits"]);
+        let (gd, g) = vec4(&got);
+        let (wd, w) = vec4(&expected["logits"]);
+        assert_eq!(gd, wd, "{dt:?}: shape");
         let err = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         eprintln!("{dt:?}: max abs err {err}");
-        assert!(err < 0.05, "{dt:?}: max abs err {err}");
+        // Measured 0.0054 (logits of max |1.5|); the bound is 3.7× that.
+        assert!(err < 0.02, "{dt:?}: max abs err {err}");
     }
 }
 

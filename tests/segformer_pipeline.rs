@@ -2,7 +2,7 @@
 //! tests/fixtures/segformer_preprocess from tools/fixtures/segformer_preprocess.py), class maps, and the
 //! `edgerun segment` command end to end on the tiny fixture model.
 mod common;
-use common::dev;
+use common::{dev, device_arg};
 use std::path::PathBuf;
 
 use candle_core::{DType, Tensor};
@@ -181,6 +181,7 @@ fn segmenter_runs_batched_and_matches_single() {
     assert_eq!(both[1].len(), 150 * 120);
     assert!(both.iter().flatten().all(|&i| i < 5));
     let single = seg.segment(&[&b]).unwrap();
+    assert_eq!(single[0].len(), both[1].len());
     // Same input alone: identical up to float noise from batched matmuls (allow rare near-tie flips).
     let diff = single[0].iter().zip(&both[1]).filter(|(x, y)| x != y).count();
     assert!(diff * 1000 <= single[0].len(), "{diff} pixels differ");
@@ -199,7 +200,7 @@ fn segment_cli_end_to_end() {
         std::process::Command::new(env!("CARGO_BIN_EXE_edgerun"))
             .args(["segment", "--model"])
             .arg(fixture("segformer_tiny"))
-            .args(["--size", "64x64", "--device", "cpu", "--out"])
+            .args(["--size", "64x64", "--device", &device_arg(), "--out"])
             .arg(&out)
             .args(args)
             .output()

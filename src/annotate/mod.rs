@@ -242,6 +242,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             let mut chain = ModelChain::new(k, cfg)?;
             chain.load_primary(cfg, &mut devices, &mut |m| progress::log(&m))?;
             chains.push(chain);
+            if let Some(s) = summary_stages.get_mut(&k) {
+                s.model_loaded = true;
+            }
         }
     }
     let load_s = t_load.elapsed().as_secs_f64();
@@ -370,6 +373,7 @@ pub fn merge(output: &Path) -> Result<MergeReport> {
                 e.skipped_failed += st.skipped_failed;
                 e.model_s += st.model_s;
                 e.write_s += st.write_s;
+                e.model_loaded |= st.model_loaded;
                 for (mm, c) in &st.by_model {
                     *e.by_model.entry(mm.clone()).or_default() += c;
                 }

@@ -28,6 +28,10 @@ pub struct StageSummary {
     pub write_s: f64,
     /// Outputs of this stage produced by each model.
     pub by_model: BTreeMap<String, usize>,
+    /// Whether this run loaded a model for this stage (false when no batch needed one, e.g. every
+    /// input was already done; always false for `edges`).
+    #[serde(default)]
+    pub model_loaded: bool,
 }
 
 /// A failed item.

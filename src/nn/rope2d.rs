@@ -94,4 +94,34 @@ mod tests {
             assert!((a - b).abs() <= 1e-3 * a.max(1.0), "{a} vs {b}");
         }
     }
+
+    /// Written from the definition in the module docs, not from `apply`: head_dim 8, so each half has
+    /// width 4 with frequencies 1 and base^(-1/2); pairs (0, 2), (1, 3) turn by y·θ, (4, 6), (5, 7) by x·θ.
+    #[test]
+    fn each_half_rotates_by_its_own_coordinate() {
+        let dev = Device::Cpu;
+        let base = 100f32;
+        let pos = [(0, 0), (2, 5), (3, 1), (1, 4)];
+        let r = Rope2d::new(&pos, 8, base, DType::F32, &dev).unwrap();
+        let xv: Vec<f32> = (0..pos.len() * 8).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+        let x = Tensor::from_vec(xv.clone(), (1, 1, pos.len(), 8), &dev).unwrap();
+        let y = r.apply(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let theta = [1.0f32, 1.0 / base.sqrt()];
+        for (t, &(py, px)) in pos.iter().enumerate() {
+            let v = &xv[t * 8..(t + 1) * 8];
+            let mut want = [0f32; 8];
+            for (start, p) in [(0, py), (4, px)] {
+                for (k, th) in theta.iter().enumerate() {
+                    let (c, s) = ((p as f32 * th).cos(), (p as f32 * th).sin());
+                    let (i, j) = (start + k, start + k + 2);
+                    want[i] = v[i] * c - v[j] * s;
+                    want[j] = v[j] * c + v[i] * s;
+                }
+            }
+            for (d, w) in want.iter().enumerate() {
+                let g = y[t * 8 + d];
+                assert!((g - w).abs() <= 1e-5 * w.abs().max(1.0), "token {t} at {:?}, dim {d}: {g} vs {w}", pos[t]);
+            }
+        }
+    }
 }

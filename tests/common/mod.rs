@@ -13,12 +13,18 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
 }
 
-/// The device the model tests run on: `EDGERUN_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`, `metal`), default `cpu`.
+/// The device spec of the tests: `EDGERUN_TEST_DEVICE` (`cpu`, `cuda`, `cuda:N`, `metal`), default `cpu`.
+/// CLI tests pass it as `--device`, annotate tests as the config's `device`.
+pub fn device_arg() -> String {
+    std::env::var("EDGERUN_TEST_DEVICE").unwrap_or_else(|_| "cpu".into())
+}
+
+/// The device the model tests run on ([`device_arg`], parsed).
 pub fn dev() -> Device {
     static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
     DEVICE
         .get_or_init(|| {
-            let spec = std::env::var("EDGERUN_TEST_DEVICE").unwrap_or_else(|_| "cpu".into());
+            let spec = device_arg();
             edgerun::device::parse_device(&spec).unwrap_or_else(|e| panic!("EDGERUN_TEST_DEVICE={spec}: {e}"))
         })
         .clone()
