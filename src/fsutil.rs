@@ -33,6 +33,34 @@ fn file_id(path: &Path) -> Option<FileId> {
     }
 }
 
+/// Largest configuration-like file read whole (config.json, preprocessor configs, recipes, class maps).
+pub const MAX_TEXT_INPUT: u64 = 64 << 20;
+
+/// Refuses an input that is not a regular file (a FIFO would block the open forever; a device or a
+/// directory is never an input), before opening it.
+pub fn check_input_file(path: &Path) -> Result<std::fs::Metadata> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() { "a directory" } else { "not a regular file (FIFO, socket or device)" };
+        return Err(Error::bad_file(path, format!("cannot be read as an input: it is {what}")));
+    }
+    Ok(meta)
+}
+
+/// Reads a small input file whole: a regular file of at most `limit` bytes.
+pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    let meta = check_input_file(path)?;
+    if meta.len() > limit {
+        return Err(Error::bad_file(path, format!("is {} bytes, more than the {limit} bytes such a file may have", meta.len())));
+    }
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+/// [`read_input`] as UTF-8 text.
+pub fn read_input_text(path: &Path, limit: u64) -> Result<String> {
+    String::from_utf8(read_input(path, limit)?).map_err(|_| Error::bad_file(path, "is not UTF-8 text"))
+}
+
 /// Records `path` as an input of this run: no [`AtomicFile`] will replace it (whatever path names it).
 pub fn register_input(path: &Path) {
     if let Some(id) = file_id(path) {

@@ -437,7 +437,7 @@ impl Config {
 
     /// Reads a config file.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         Self::from_toml(&text, base).map_err(|e| match e {
             Error::Config(m) => Error::bad_file(path, m),

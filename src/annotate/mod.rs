@@ -84,6 +84,18 @@ fn summary_path(output: &Path, tag: &str) -> PathBuf {
     output.join(format!("summary{tag}.json"))
 }
 
+/// Refuses a stage whose device cannot run its dtype (bf16 on the CPU) or is not available: a device
+/// error (exit code 3), before any output is created.
+fn check_devices(cfg: &Config, stages: &[StageKind]) -> Result<()> {
+    for &k in stages.iter().filter(|k| k.has_model()) {
+        for spec in cfg.model_chain(k)? {
+            let device = crate::device::parse_device(&spec.device)?;
+            crate::device::check_dtype(&device, crate::device::parse_dtype(&spec.dtype)?)?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs (or resumes) an annotation of `opts.input` into `opts.output`.
 pub fn run(opts: &RunOptions) -> Result<Summary> {
     let t0 = Instant::now();
@@ -96,13 +108,15 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         return Err(Error::Input(format!("input {} is not a directory", opts.input.display())));
     }
     let output = &opts.output;
-    let mdir = manifest_dir(output);
-    std::fs::create_dir_all(&mdir).map_err(|e| Error::io(&mdir, e))?;
+    // Refusals come before anything is created.
     let in_c = opts.input.canonicalize().map_err(|e| Error::io(&opts.input, e))?;
-    let out_c = output.canonicalize().map_err(|e| Error::io(output, e))?;
-    if in_c == out_c {
+    if output.canonicalize().is_ok_and(|out_c| out_c == in_c) {
         return Err(Error::Config("the output directory must not be the input directory".into()));
     }
+    check_devices(cfg, &stages)?;
+    let mdir = manifest_dir(output);
+    std::fs::create_dir_all(&mdir).map_err(|e| Error::io(&mdir, e))?;
+    let out_c = output.canonicalize().map_err(|e| Error::io(output, e))?;
     let quiet = cfg.progress.mode == "none";
     let say = |m: &str| {
         if !quiet {

@@ -44,7 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
     outln!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
     if let Some(dir) = a.models {
-        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir).with_context(|| format!("cannot read --models {}", dir.display()))?.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| edgerun::Error::io(&dir, e)).context("cannot read --models")?.filter_map(|e| e.ok().map(|e| e.path())).collect();
         entries.sort();
         let mut failed = 0;
         for p in entries.iter().filter(|p| p.is_dir() || p.extension().is_some_and(|e| e == "gguf")) {

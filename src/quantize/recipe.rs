@@ -99,7 +99,7 @@ impl Recipe {
 
     /// Reads and validates a recipe file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;
         let r: Recipe = toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
         r.validate().map_err(|m| Error::bad_file(path, m))?;
         Ok(r)

@@ -112,7 +112,7 @@ impl ChmPreprocess {
 
     /// Reads and validates a `preprocessor_config.json`.
     pub fn from_file(p: &Path) -> Result<Self> {
-        let text = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+        let text = crate::fsutil::read_input(p, crate::fsutil::MAX_TEXT_INPUT)?;
         let cfg: ChmPreprocess = serde_json::from_slice(&text).map_err(|e| Error::bad_file(p, e.to_string()))?;
         cfg.validate().map_err(|m| Error::bad_file(p, m))?;
         Ok(cfg)

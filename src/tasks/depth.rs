@@ -68,7 +68,7 @@ impl DepthPreprocess {
         if !p.exists() {
             return Ok(Self::default());
         }
-        let text = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+        let text = crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT)?;
         let cfg: DepthPreprocess = serde_json::from_slice(&text).map_err(|e| Error::bad_file(&p, e.to_string()))?;
         if cfg.ensure_multiple_of == 0 || cfg.size.height == 0 || cfg.size.width == 0 || cfg.image_std.iter().any(|s| *s <= 0.0) {
             return Err(Error::bad_file(&p, "size, ensure_multiple_of and image_std must be positive"));

@@ -50,6 +50,7 @@ impl std::fmt::Debug for WeightStore {
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {
+    crate::fsutil::check_input_file(path)?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
@@ -61,7 +62,7 @@ fn map_file(path: &Path) -> Result<Mmap> {
 }
 
 fn read_config(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::fsutil::read_input(path, crate::fsutil::MAX_TEXT_INPUT)?;
     let v: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| Error::bad_file(path, format!("invalid JSON: {e}")))?;
     if !v.is_object() {

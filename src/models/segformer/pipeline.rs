@@ -54,7 +54,7 @@ impl Preprocess {
         if !p.exists() {
             return Ok(Self::default());
         }
-        let text = std::fs::read_to_string(&p).map_err(|e| Error::io(&p, e))?;
+        let text = crate::fsutil::read_input_text(&p, crate::fsutil::MAX_TEXT_INPUT)?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::bad_file(&p, format!("invalid JSON: {e}")))?;
         Self::from_json(&v).map_err(|e| Error::bad_file(&p, e.to_string()))
     }
@@ -285,7 +285,7 @@ impl ClassMap {
 
     /// Reads a class-map TOML file for a checkpoint with `checkpoint_labels` (its `id2label`).
     pub fn load(path: &Path, checkpoint_labels: &[String]) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;
         Self::parse(&text, checkpoint_labels).map_err(|e| match e {
             Error::Config(m) => Error::bad_file(path, m),
             other => other,
