@@ -1,7 +1,7 @@
 //! `edgerun annotate`: end-to-end on a generated image tree with the tiny fixture models, resume after
 //! kill -9 at random points, failed inputs, fallback models, sharding + merge, the cached input list.
 mod common;
-use common::{dev, device_arg};
+use common::{dev, device_arg, fixture, small_model};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -12,19 +12,6 @@ use edgerun::annotate::journal::{journal_path, read_records};
 use edgerun::annotate::{self, Config, RunOptions, Shard, StageKind, Status};
 use image::{ImageFormat, RgbImage};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
-}
-
-/// Copies a fixture model into `dir` with a small network input size so the tests stay quick.
-fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture(fixture_name).join(f), dir.join(f)).unwrap();
-    }
-    std::fs::write(dir.join("preprocessor_config.json"), preprocessor).unwrap();
-    dir.to_path_buf()
-}
 
 struct Models {
     depth: PathBuf,

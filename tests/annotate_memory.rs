@@ -7,17 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{device_arg as device, fixture};
-
-/// A fixture model copied into `dir` with a small network input size, so the test stays quick.
-fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(fixture(fixture_name).join(f), dir.join(f)).unwrap();
-    }
-    std::fs::write(dir.join("preprocessor_config.json"), preprocessor).unwrap();
-    dir.to_path_buf()
-}
+use common::{device_arg as device, small_model};
 
 /// Twelve images of one size in two directories.
 fn tree(root: &Path) {

@@ -67,3 +67,13 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, rel: f32) -> f32 {
 
 /// The f32 parity tolerance from the project standard.
 pub const F32_REL: f32 = 1e-4;
+
+/// Copies a fixture model into `dir` with a small network input size so the tests stay quick.
+pub fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture(fixture_name).join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(dir.join("preprocessor_config.json"), preprocessor).unwrap();
+    dir.to_path_buf()
+}
