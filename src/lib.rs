@@ -1,5 +1,6 @@
 //! edgerun: perception and physics models at the edge, on Candle.
 pub mod annotate;
+pub mod config_check;
 pub mod device;
 pub mod edges;
 pub mod fsutil;

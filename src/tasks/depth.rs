@@ -8,6 +8,7 @@ use image::RgbImage;
 use serde::Deserialize;
 
 use super::batch::group_by_key;
+use crate::config_check::{self, Section, MAX_MULTIPLE};
 use crate::error::{Error, Result};
 use crate::imageio::cv_resize::{cv_resize, CvInterp};
 use crate::imageio::resample::Filter;
@@ -68,10 +69,16 @@ impl DepthPreprocess {
         }
         let text = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
         let cfg: DepthPreprocess = serde_json::from_slice(&text).map_err(|e| Error::bad_file(&p, e.to_string()))?;
-        if cfg.ensure_multiple_of == 0 || cfg.size.height == 0 || cfg.size.width == 0 || cfg.image_std.iter().any(|s| *s <= 0.0) {
-            return Err(Error::bad_file(&p, "size, ensure_multiple_of and image_std must be positive"));
-        }
+        cfg.validate().map_err(|e| config_check::in_file(&p.display().to_string(), e))?;
         Ok(cfg)
+    }
+
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::root();
+        s.image_size("size", self.size.height, self.size.width)?;
+        s.count("ensure_multiple_of", self.ensure_multiple_of, MAX_MULTIPLE)?;
+        s.mean_std(&self.image_mean, &self.image_std)
     }
 
     /// The network input size for an `h`×`w` image.
@@ -304,7 +311,7 @@ impl DepthEstimator {
                     }
                     Ok(v)
                 };
-                let back = |v: &[f32]| DepthMap { height: sh, width: sw, values: bicubic_map(v, oh, ow, sh, sw) };
+                let back = |v: &[f32]| -> Result<DepthMap> { Ok(DepthMap { height: sh, width: sw, values: bicubic_map(v, oh, ow, sh, sw)? }) };
                 let mut d = row(&depth)?;
                 let sky_v = sky.as_ref().map(row).transpose()?;
                 if let Some(s) = &sky_v {
@@ -314,9 +321,9 @@ impl DepthEstimator {
                     scale_to_metric(&mut d, f * (ow as f32 / sw as f32 + oh as f32 / sh as f32) / 2.0);
                 }
                 out.push(DepthPrediction {
-                    depth: back(&d),
-                    confidence: conf.as_ref().map(|c| row(c).map(|v| back(&v))).transpose()?,
-                    sky: sky_v.map(|v| back(&v)),
+                    depth: back(&d)?,
+                    confidence: conf.as_ref().map(|c| row(c).and_then(|v| back(&v))).transpose()?,
+                    sky: sky_v.map(|v| back(&v)).transpose()?,
                 });
             }
         }
