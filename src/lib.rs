@@ -11,6 +11,7 @@ pub mod models;
 pub mod preprocess;
 pub mod profile;
 pub mod nn;
+pub mod paths;
 pub mod quantize;
 pub mod tasks;
 pub mod tensor_io;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::config::Fingerprint;
 use super::hash::xxh64_file;
 use crate::error::{Error, Result};
+use crate::paths::{check_relative, safe_join};
 
 /// One input file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +41,8 @@ pub struct Listing {
     pub skipped: Vec<String>,
     /// Whether the list came from the cache.
     pub from_cache: bool,
+    /// Problems with the cached list that made it be rebuilt (e.g. entries leaving the input root).
+    pub warnings: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -93,13 +96,21 @@ pub fn list_inputs(
     let root_s = root_c.to_string_lossy().into_owned();
     let exclude_s = exclude_c.as_ref().map(|p| p.to_string_lossy().into_owned());
 
+    let mut warnings = Vec::new();
     let old: Option<Cache> = std::fs::read(cache_path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Cache>(&b).ok())
-        .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s);
+        .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s)
+        .filter(|c| match untrusted_entries(&root_c, c) {
+            Ok(()) => true,
+            Err(e) => {
+                warnings.push(format!("{}: {e}; cached list dropped and rebuilt", cache_path.display()));
+                false
+            }
+        });
     if let Some(c) = &old {
         if !rescan && c.fingerprint == fingerprint && dirs_unchanged(&root_c, &c.dirs) {
-            return Ok(Listing { root: root_c, files: c.files.clone(), skipped: c.skipped.clone(), from_cache: true });
+            return Ok(Listing { root: root_c, files: c.files.clone(), skipped: c.skipped.clone(), from_cache: true, warnings });
         }
     }
 
@@ -108,7 +119,8 @@ pub fn list_inputs(
     let mut files = Vec::new();
     let mut skipped = Vec::new();
     let mut seen = HashSet::new();
-    walk(&root_c, "", &exts, exclude_c.as_deref(), start, &mut dirs, &mut files, &mut skipped, &mut seen)?;
+    let mut walker = Walker { root: &root_c, exts: &exts, exclude: exclude_c.as_deref(), scan_start: start, dirs: &mut dirs, files: &mut files, skipped: &mut skipped, seen: &mut seen };
+    walker.walk(&root_c, "")?;
     files.sort_by(|a: &InputFile, b| a.rel.cmp(&b.rel));
     if fingerprint == Fingerprint::Content {
         // Hashes of unchanged files (same size and mtime) are reused, except on `--rescan`.
@@ -130,7 +142,19 @@ pub fn list_inputs(
     if let Ok(bytes) = serde_json::to_vec(&cache) {
         let _ = crate::fsutil::write_atomic(cache_path, &bytes);
     }
-    Ok(Listing { root: root_c, files: cache.files, skipped: cache.skipped, from_cache: false })
+    Ok(Listing { root: root_c, files: cache.files, skipped: cache.skipped, from_cache: false, warnings })
+}
+
+/// Checks every path of a cache read from disk: files must stay inside the input root
+/// ([`safe_join`]), directories must be plain relative paths (`""` is the root).
+fn untrusted_entries(root: &Path, c: &Cache) -> Result<()> {
+    for f in &c.files {
+        safe_join(root, &f.rel)?;
+    }
+    for (d, _) in c.dirs.iter().filter(|(d, _)| !d.is_empty()) {
+        check_relative(d)?;
+    }
+    Ok(())
 }
 
 fn dirs_unchanged(root: &Path, dirs: &[(String, i64)]) -> bool {
@@ -140,64 +164,71 @@ fn dirs_unchanged(root: &Path, dirs: &[(String, i64)]) -> bool {
         })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn walk(
-    dir: &Path,
-    rel: &str,
-    exts: &[String],
-    exclude: Option<&Path>,
+/// The state of one scan of the input tree.
+struct Walker<'a> {
+    root: &'a Path,
+    exts: &'a [String],
+    exclude: Option<&'a Path>,
     scan_start: i64,
-    dirs: &mut Vec<(String, i64)>,
-    files: &mut Vec<InputFile>,
-    skipped: &mut Vec<String>,
-    seen: &mut HashSet<PathBuf>,
-) -> Result<()> {
-    // Guard against symlink loops.
-    let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
-    if !seen.insert(canon) {
-        return Ok(());
-    }
-    // The mtime is read before the entries, so an entry added meanwhile changes it for next time.
-    let md = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
-    let m = mtime_ns(&md);
-    dirs.push((rel.to_string(), if m >= scan_start - RACY_NS { -1 } else { m }));
-    let mut entries: Vec<(String, PathBuf)> = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let e = match e {
-            Ok(e) => e,
-            Err(err) => {
-                skipped.push(format!("{}: {err}", dir.display()));
-                continue;
-            }
-        };
-        let name = e.file_name();
-        match name.to_str() {
-            Some(n) if n.starts_with('.') => {}
-            Some(n) => entries.push((n.to_string(), e.path())),
-            None => skipped.push(format!("{}: file name is not UTF-8", e.path().display())),
+    dirs: &'a mut Vec<(String, i64)>,
+    files: &'a mut Vec<InputFile>,
+    skipped: &'a mut Vec<String>,
+    seen: &'a mut HashSet<PathBuf>,
+}
+
+impl Walker<'_> {
+    fn walk(&mut self, dir: &Path, rel: &str) -> Result<()> {
+        // Guard against symlink loops.
+        let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
+        if !self.seen.insert(canon) {
+            return Ok(());
         }
-    }
-    entries.sort();
-    for (name, path) in entries {
-        let child_rel = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
-        let md = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(err) => {
-                skipped.push(format!("{child_rel}: {err}"));
-                continue;
+        // The mtime is read before the entries, so an entry added meanwhile changes it for next time.
+        let md = std::fs::metadata(dir).map_err(|e| Error::io(dir, e))?;
+        let m = mtime_ns(&md);
+        self.dirs.push((rel.to_string(), if m >= self.scan_start - RACY_NS { -1 } else { m }));
+        let mut entries: Vec<(String, PathBuf, bool)> = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+            let e = match e {
+                Ok(e) => e,
+                Err(err) => {
+                    self.skipped.push(format!("{}: {err}", dir.display()));
+                    continue;
+                }
+            };
+            let name = e.file_name();
+            match name.to_str() {
+                Some(n) if n.starts_with('.') => {}
+                Some(n) => entries.push((n.to_string(), e.path(), e.file_type().is_ok_and(|t| t.is_symlink()))),
+                None => self.skipped.push(format!("{}: file name is not UTF-8", e.path().display())),
             }
-        };
-        if md.is_dir() {
-            if exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
-                continue;
-            }
-            walk(&path, &child_rel, exts, exclude, scan_start, dirs, files, skipped, seen)?;
-        } else if md.is_file() {
+        }
+        entries.sort();
+        for (name, path, is_link) in entries {
+            let child_rel = if rel.is_empty() { name.clone() } else { format!("{rel}/{name}") };
+            let md = match std::fs::metadata(&path) {
+                Ok(m) => m,
+                Err(err) => {
+                    self.skipped.push(format!("{child_rel}: {err}"));
+                    continue;
+                }
+            };
             let ext = Path::new(&name).extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
-            if ext.is_some_and(|e| exts.contains(&e)) {
-                files.push(InputFile { rel: child_rel, size: md.len(), mtime_ns: mtime_ns(&md), hash: None });
+            let wanted = md.is_dir() || (md.is_file() && ext.is_some_and(|e| self.exts.contains(&e)));
+            // Every listed path must pass `safe_join` when the cached list is read back.
+            if wanted && is_link && !path.canonicalize().is_ok_and(|c| c.starts_with(self.root)) {
+                self.skipped.push(format!("{child_rel}: symlink to outside the input root; not followed"));
+                continue;
+            }
+            if md.is_dir() {
+                if self.exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
+                    continue;
+                }
+                self.walk(&path, &child_rel)?;
+            } else if wanted {
+                self.files.push(InputFile { rel: child_rel, size: md.len(), mtime_ns: mtime_ns(&md), hash: None });
             }
         }
+        Ok(())
     }
-    Ok(())
 }
