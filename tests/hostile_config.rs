@@ -102,6 +102,17 @@ fn model_config_numbers_are_bounded() {
 }
 
 #[test]
+fn a_gguf_config_is_named_as_its_metadata() {
+    use candle_core::quantized::GgmlDType;
+    use edgerun::quantize::{quantize, recipe::Recipe};
+    let dir = patched_model("da2_tiny", "/patch_size", json!(0));
+    let gguf = dir.path().join("m.gguf");
+    quantize(dir.path(), &gguf, GgmlDType::F16, &Recipe::default(), |_| {}).unwrap();
+    let msg = load_err(&gguf);
+    assert_names(&msg, &["m.gguf", "edgerun.config", "`patch_size`", "= 0", "1..=64"]);
+}
+
+#[test]
 fn the_shipped_fixtures_are_within_the_limits() {
     for name in ["da2_tiny", "segformer_tiny", "chmv2_tiny", "lgatr_tiny", "lgatr_slim_tiny", "da3_mono", "da3_anyview"] {
         let store = WeightStore::open(fixture(name)).unwrap();
@@ -175,6 +186,8 @@ fn shared_ops_refuse_degenerate_sizes() {
     assert!(pre.unwrap_err().to_string().contains("100000"));
     let seg = edgerun::models::segformer::pipeline::Preprocess { size: Some((100_000, 100_000)), ..Default::default() };
     assert!(seg.apply(&img, &Device::Cpu).is_err());
+    let da3 = edgerun::tasks::depth::Da3Preprocess { process_res: 10_000_000, ..Default::default() };
+    assert!(da3.pixel_values(&img, &Device::Cpu).is_err());
 }
 
 #[test]

@@ -149,6 +149,8 @@ impl Da3Preprocess {
     pub fn resize(&self, img: &RgbImage) -> Result<RgbImage> {
         let (h, w) = (img.height() as usize, img.width() as usize);
         let ((h1, w1), (h2, w2)) = self.sizes(h, w);
+        config_check::input_elements(h1, w1, 3)?;
+        config_check::input_elements(h2, w2, 3)?;
         let step = |im: &RgbImage, nh: usize, nw: usize, grow: bool| -> Result<RgbImage> {
             if (nh, nw) == (im.height() as usize, im.width() as usize) {
                 return Ok(im.clone());
