@@ -1,15 +1,13 @@
 //! Hostile numbers in model configs, preprocessor configs and the annotate TOML: every one is an
 //! error (not a panic, an abort or a hang) that names the file, the key, the value and the limit.
+mod common;
+use common::fixture;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use edgerun::weights::WeightStore;
 use serde_json::{json, Value};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
-}
 
 /// A copy of fixture `name` with `config.json`'s value at JSON pointer `ptr` replaced by `v`.
 fn patched_model(name: &str, ptr: &str, v: Value) -> tempfile::TempDir {

@@ -1,16 +1,13 @@
 //! L-GATr packed events: `lengths` must be exact non-negative integers with a sum that fits, the
 //! event count is bounded, and empty events cost time linear in their number.
-use std::path::{Path, PathBuf};
+mod common;
+use common::fixture;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 use edgerun::models::lgatr::{forward_events, pack_events, unpack_events};
 use edgerun::models::NamedTensors;
 use edgerun::weights::WeightStore;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
-}
 
 /// `n` items (`[n, 1, 16]` multivectors, `[n, 2]` scalars) plus `lengths`.
 fn packed(n: usize, lengths: Tensor) -> NamedTensors {

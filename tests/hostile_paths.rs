@@ -1,6 +1,8 @@
 //! Paths read back from files the program did not just write (the input-list cache, journals) are
 //! untrusted: `..`, absolute paths and symlinks out of the root never make `annotate` read outside
 //! the input root or create anything outside the output directory.
+mod common;
+use common::fixture;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 
@@ -9,10 +11,6 @@ use edgerun::annotate::listing::{list_inputs, mtime_ns};
 use edgerun::annotate::{self, Config, Fingerprint, RunOptions, Shard, StageKind};
 use edgerun::paths::safe_join;
 use serde_json::json;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
-}
 
 fn png(path: &Path) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
