@@ -1,5 +1,6 @@
 //! edgerun: perception and physics models at the edge, on Candle.
 pub mod annotate;
+pub mod config_check;
 pub mod device;
 pub mod edges;
 pub mod fsutil;
@@ -12,6 +13,7 @@ pub mod preprocess;
 pub mod profile;
 pub mod progress;
 pub mod nn;
+pub mod paths;
 pub mod quantize;
 pub mod tasks;
 pub mod tensor_io;

@@ -2,7 +2,7 @@
 use candle_core::{Device, Tensor};
 use image::RgbImage;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::imageio::resample::{resize, Filter};
 
 /// ImageNet mean (RGB).
@@ -21,10 +21,12 @@ fn round_half_even(x: f64) -> f64 {
 }
 
 /// The DPT processor's output size: keep aspect with the scale closer to 1, each side rounded to a
-/// multiple of `multiple` (`get_resize_output_image_size` in transformers).
+/// multiple of `multiple` (`get_resize_output_image_size` in transformers). Degenerate arguments
+/// (zero sizes) give saturated sizes that the pixel-value step then refuses, never a panic.
 pub fn dpt_output_size(h: usize, w: usize, target_h: usize, target_w: usize, multiple: usize, keep_aspect: bool) -> (usize, usize) {
-    let mut sh = target_h as f64 / h as f64;
-    let mut sw = target_w as f64 / w as f64;
+    let multiple = multiple.max(1);
+    let mut sh = target_h as f64 / h.max(1) as f64;
+    let mut sw = target_w as f64 / w.max(1) as f64;
     if keep_aspect {
         if (1.0 - sw).abs() < (1.0 - sh).abs() {
             sh = sw;
@@ -32,15 +34,13 @@ pub fn dpt_output_size(h: usize, w: usize, target_h: usize, target_w: usize, mul
             sw = sh;
         }
     }
-    let fit = |v: f64| ((round_half_even(v / multiple as f64) as usize) * multiple).max(multiple);
+    let fit = |v: f64| (round_half_even(v / multiple as f64) as usize).saturating_mul(multiple).max(multiple);
     (fit(sh * h as f64), fit(sw * w as f64))
 }
 
 /// Resizes with `filter` to `(h, w)` and normalises to a `[3, h, w]` f32 tensor.
 pub fn to_pixel_values(img: &RgbImage, h: usize, w: usize, filter: Filter, mean: [f32; 3], std: [f32; 3], device: &Device) -> Result<Tensor> {
-    if h == 0 || w == 0 || h > u32::MAX as usize || w > u32::MAX as usize {
-        return Err(Error::Input(format!("bad target size {h}×{w}")));
-    }
+    crate::config_check::input_elements(h, w, 3)?;
     let resized = resize(img, w as u32, h as u32, filter);
     normalize(&resized, mean, std, device)
 }

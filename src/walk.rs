@@ -42,16 +42,26 @@ pub struct Walk {
 /// Walks `root` recursively. `accept` decides on a file name (e.g. by extension); an accepted name
 /// that is not a regular file (FIFO, socket, device) is reported, never opened. A directory whose
 /// canonical path is `exclude` (an output directory inside the input tree) or was already visited
-/// (a symlink loop) is not entered.
-pub fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>) -> Result<Walk> {
+/// (a symlink loop) is not entered. With `confine`, a symlink that leads outside the root is
+/// reported and not followed (every listed path then stays inside the root when joined again).
+pub fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>, confine: bool) -> Result<Walk> {
     let mut w = Walk::default();
     let mut seen = HashSet::new();
-    visit(root, "", accept, exclude, &mut seen, &mut w)?;
+    let root_c = root.canonicalize().map_err(|e| Error::io(root, e))?;
+    let opts = Opts { accept, exclude, confine: confine.then_some(root_c.as_path()) };
+    visit(root, "", &opts, &mut seen, &mut w)?;
     w.files.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(w)
 }
 
-fn visit(dir: &Path, rel: &str, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>, seen: &mut HashSet<PathBuf>, w: &mut Walk) -> Result<()> {
+struct Opts<'a> {
+    accept: &'a dyn Fn(&str) -> bool,
+    exclude: Option<&'a Path>,
+    /// The canonical root symlinks must stay inside, when confined.
+    confine: Option<&'a Path>,
+}
+
+fn visit(dir: &Path, rel: &str, o: &Opts<'_>, seen: &mut HashSet<PathBuf>, w: &mut Walk) -> Result<()> {
     let canon = dir.canonicalize().map_err(|e| Error::io(dir, e))?;
     if !seen.insert(canon) {
         return Ok(());
@@ -79,21 +89,28 @@ fn visit(dir: &Path, rel: &str, accept: &dyn Fn(&str) -> bool, exclude: Option<&
         let md = match std::fs::metadata(&path) {
             Ok(m) => m,
             Err(err) => {
-                if accept(&name) {
+                if (o.accept)(&name) {
                     w.problems.push((path, err.to_string()));
                 }
                 continue;
             }
         };
-        if md.is_dir() {
-            if exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
+        let is_link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+        if let (true, Some(root)) = (is_link && (md.is_dir() || (o.accept)(&name)), o.confine) {
+            if !path.canonicalize().is_ok_and(|c| c.starts_with(root)) {
+                w.problems.push((path, "symlink to outside the input root; not followed".into()));
                 continue;
             }
-            match visit(&path, &child_rel, accept, exclude, seen, w) {
+        }
+        if md.is_dir() {
+            if o.exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {
+                continue;
+            }
+            match visit(&path, &child_rel, o, seen, w) {
                 Ok(()) => {}
                 Err(e) => w.problems.push((path, e.to_string())),
             }
-        } else if accept(&name) {
+        } else if (o.accept)(&name) {
             if md.is_file() {
                 w.files.push(WalkedFile { rel: child_rel, path, meta: md });
             } else {

@@ -23,7 +23,7 @@ fn bicubic_map_matches_tensor_op() {
     let e = tensors(&dir, "expected.safetensors");
     let plane = i["x"].get(0).unwrap().get(0).unwrap();
     let v = plane.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-    let got = bicubic_map(&v, 4, 4, 5, 7);
+    let got = bicubic_map(&v, 4, 4, 5, 7).unwrap();
     let want = e["bicubic_size_5x7"].get(0).unwrap().get(0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert_eq!(want.len(), 5 * 7);
     assert_eq!(got.len(), want.len(), "a 5x7 map");

@@ -4,8 +4,24 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::memory::BatchSetting;
+use crate::config_check::Section;
 use crate::error::{Error, Result};
 use crate::imageio::ImageLimits;
+
+/// Largest `prefetch` (decoded batches queued ahead of the model).
+pub const MAX_PREFETCH: usize = 1024;
+/// Largest `decode_threads` / `write_threads`.
+pub const MAX_THREADS: usize = 1024;
+/// Largest `memory_mb` / `[limits] max_alloc_mb` (1 TiB).
+pub const MAX_MEMORY_MB: usize = 1 << 20;
+/// Largest `[journal] sync_every`.
+pub const MAX_SYNC_EVERY: usize = 1 << 20;
+/// Largest `sync_interval_s` / `[progress] interval_s` (one day).
+pub const MAX_INTERVAL_S: f64 = 86_400.0;
+/// Largest `[limits] max_side` (pixels per side).
+pub const MAX_IMAGE_SIDE: usize = 1 << 20;
+/// Largest `[limits] max_pixels` (16 GiB of RGB8).
+pub const MAX_IMAGE_PIXELS: usize = 1 << 34;
 
 /// A pipeline stage. The pipeline always runs them in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -545,28 +561,37 @@ impl Config {
         if self.stages.is_empty() {
             return bad("`stages` is empty".into());
         }
+        let s = Section::root();
+        if let BatchSetting::Fixed(n) = self.batch {
+            s.count("batch", n, crate::memory::plan::MAX_BATCH)?;
+        }
         if let Some(m) = self.mem_budget_mb {
-            if m == 0 || m > crate::memory::plan::MAX_BUDGET_MIB {
-                return bad(format!("`mem_budget_mb` {m}: expected 1 to {}", crate::memory::plan::MAX_BUDGET_MIB));
-            }
+            s.count("mem_budget_mb", m.try_into().unwrap_or(usize::MAX), crate::memory::plan::MAX_BUDGET_MIB as usize)?;
         }
-        if self.prefetch == 0 || self.write_threads == 0 {
-            return bad("`prefetch` and `write_threads` must be at least 1".into());
-        }
-        if self.memory_mb == 0 {
-            return bad("`memory_mb` must be at least 1".into());
-        }
-        if self.journal.sync_every == 0 || !(self.journal.sync_interval_s.is_finite() && self.journal.sync_interval_s >= 0.0) {
-            return bad("[journal] sync_every must be ≥ 1 and sync_interval_s ≥ 0".into());
-        }
+        s.count("prefetch", self.prefetch, MAX_PREFETCH)?;
+        s.count("write_threads", self.write_threads, MAX_THREADS)?;
+        s.range("decode_threads", self.decode_threads, 0, MAX_THREADS)?;
+        s.count("memory_mb", self.memory_mb.try_into().unwrap_or(usize::MAX), MAX_MEMORY_MB)?;
+        let j = Section::at("journal");
+        j.count("sync_every", self.journal.sync_every, MAX_SYNC_EVERY)?;
+        j.real("sync_interval_s", self.journal.sync_interval_s, 0.0, MAX_INTERVAL_S)?;
+        Section::at("progress").real("interval_s", self.progress.interval_s, 0.0, MAX_INTERVAL_S)?;
+        let l = Section::at("limits");
+        l.count("max_side", self.limits.max_side as usize, MAX_IMAGE_SIDE)?;
+        l.count("max_pixels", self.limits.max_pixels.try_into().unwrap_or(usize::MAX), MAX_IMAGE_PIXELS)?;
+        l.count("max_alloc_mb", self.limits.max_alloc_mb.try_into().unwrap_or(usize::MAX), MAX_MEMORY_MB)?;
         if self.extensions.is_empty() {
             return bad("`extensions` is empty".into());
         }
         if !matches!(self.progress.mode.as_str(), "auto" | "bar" | "lines" | "none") {
             return bad(format!("[progress] mode `{}` is not auto, bar, lines or none", self.progress.mode));
         }
-        if !(self.segmentation.input_size.is_empty() || (self.segmentation.input_size.len() == 2 && self.segmentation.input_size.iter().all(|&v| v > 0))) {
-            return bad("[segmentation] input_size must be [] or [height, width]".into());
+        match self.segmentation.input_size[..] {
+            [] => {}
+            [h, w] => {
+                Section::at("segmentation").image_size("input_size", h, w)?;
+            }
+            _ => return bad("[segmentation] input_size must be [] or [height, width]".into()),
         }
         crate::device::parse_dtype(&self.dtype).map_err(|e| Error::Config(e.to_string()))?;
         for k in self.stage_list() {

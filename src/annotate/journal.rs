@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::StageKind;
 use crate::error::{Error, Result};
+use crate::paths::check_relative;
 
 #[derive(Debug, PartialEq, Eq)]
 enum Lock {
@@ -90,6 +91,14 @@ pub struct Record {
     pub unix_ms: u64,
 }
 
+impl Record {
+    /// Whether `input` and every output are plain relative paths ([`check_relative`]); a record
+    /// that fails is treated as unreadable (a journal is read back from disk, so it is untrusted).
+    pub fn paths_are_safe(&self) -> bool {
+        check_relative(&self.input).is_ok() && self.outputs.iter().all(|o| check_relative(o).is_ok())
+    }
+}
+
 /// Milliseconds since the epoch.
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -129,7 +138,7 @@ pub fn stage_journals(output: &Path, stage: StageKind) -> Result<Vec<(PathBuf, b
 }
 
 /// Parses journal bytes: the records, the byte length of the prefix ending with the last good record,
-/// and the number of unparsable lines before it.
+/// and the number of unparsable lines (or records with unsafe paths) before it.
 fn parse(bytes: &[u8]) -> (Vec<Record>, usize, usize) {
     let mut records = Vec::new();
     let mut good_end = 0;
@@ -144,13 +153,13 @@ fn parse(bytes: &[u8]) -> (Vec<Record>, usize, usize) {
             continue;
         }
         match serde_json::from_slice::<Record>(line) {
-            Ok(r) => {
+            Ok(r) if r.paths_are_safe() => {
                 records.push(r);
                 good_end = pos;
                 bad_before += bad_pending;
                 bad_pending = 0;
             }
-            Err(_) => bad_pending += 1,
+            _ => bad_pending += 1,
         }
     }
     (records, good_end, bad_before)

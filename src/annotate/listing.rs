@@ -15,6 +15,7 @@ use super::config::Fingerprint;
 use super::hash::xxh64_file;
 use crate::error::{Error, Result};
 use crate::walk::{has_extension, walk_tree};
+use crate::paths::{check_relative, safe_join};
 
 /// One input file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +42,8 @@ pub struct Listing {
     pub skipped: Vec<String>,
     /// Whether the list came from the cache.
     pub from_cache: bool,
+    /// Problems with the cached list that made it be rebuilt (e.g. entries leaving the input root).
+    pub warnings: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -94,19 +97,27 @@ pub fn list_inputs(
     let root_s = root_c.to_string_lossy().into_owned();
     let exclude_s = exclude_c.as_ref().map(|p| p.to_string_lossy().into_owned());
 
+    let mut warnings = Vec::new();
     let old: Option<Cache> = std::fs::read(cache_path)
         .ok()
         .and_then(|b| serde_json::from_slice::<Cache>(&b).ok())
-        .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s);
+        .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s)
+        .filter(|c| match untrusted_entries(&root_c, c) {
+            Ok(()) => true,
+            Err(e) => {
+                warnings.push(format!("{}: {e}; cached list dropped and rebuilt", cache_path.display()));
+                false
+            }
+        });
     if let Some(c) = &old {
         if !rescan && c.fingerprint == fingerprint && dirs_unchanged(&root_c, &c.dirs) {
-            return Ok(Listing { root: root_c, files: c.files.clone(), skipped: c.skipped.clone(), from_cache: true });
+            return Ok(Listing { root: root_c, files: c.files.clone(), skipped: c.skipped.clone(), from_cache: true, warnings });
         }
     }
 
     let start = now_ns();
     let ext_refs: Vec<&str> = exts.iter().map(String::as_str).collect();
-    let walked = walk_tree(&root_c, &|name| has_extension(name, &ext_refs), exclude_c.as_deref())?;
+    let walked = walk_tree(&root_c, &|name| has_extension(name, &ext_refs), exclude_c.as_deref(), true)?;
     // A directory modified during the scan is not trusted next time (-1).
     let dirs: Vec<(String, i64)> = walked
         .dirs
@@ -139,7 +150,19 @@ pub fn list_inputs(
     if let Ok(bytes) = serde_json::to_vec(&cache) {
         let _ = crate::fsutil::write_atomic(cache_path, &bytes);
     }
-    Ok(Listing { root: root_c, files: cache.files, skipped: cache.skipped, from_cache: false })
+    Ok(Listing { root: root_c, files: cache.files, skipped: cache.skipped, from_cache: false, warnings })
+}
+
+/// Checks every path of a cache read from disk: files must stay inside the input root
+/// ([`safe_join`]), directories must be plain relative paths (`""` is the root).
+fn untrusted_entries(root: &Path, c: &Cache) -> Result<()> {
+    for f in &c.files {
+        safe_join(root, &f.rel)?;
+    }
+    for (d, _) in c.dirs.iter().filter(|(d, _)| !d.is_empty()) {
+        check_relative(d)?;
+    }
+    Ok(())
 }
 
 fn dirs_unchanged(root: &Path, dirs: &[(String, i64)]) -> bool {

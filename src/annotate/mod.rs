@@ -126,6 +126,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 
     // Inputs.
     let listing = list_inputs(&opts.input, &cfg.extensions, Some(&out_c), cfg.fingerprint, &mdir.join(format!("filelist{tag}.json")), opts.rescan)?;
+    for w in &listing.warnings {
+        progress::log(&format!("warning: {w}"));
+    }
     for s in &listing.skipped {
         say(&format!("not listed: {s}"));
     }
@@ -144,7 +147,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             say(&format!("{}: dropped a torn last record ({} bytes) left by an interrupted run", own.display(), rec.truncated_bytes));
         }
         if rec.bad_lines > 0 {
-            say(&format!("{}: ignoring {} unreadable lines", own.display(), rec.bad_lines));
+            say(&format!("{}: ignoring {} unreadable lines (malformed, or paths that are absolute or contain `..`)", own.display(), rec.bad_lines));
         }
         let mut idx = Index::default();
         for (p, is_shard) in stage_journals(output, k)? {

@@ -1,10 +1,13 @@
 //! Decoding images into RGB tensors, refusing oversized or malformed files.
+use std::io::Cursor;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
-use image::{ImageReader, RgbImage};
+use image::{ImageFormat, ImageReader, RgbImage};
 
 use crate::error::{Error, Result};
+
+mod jpeg;
 
 /// Limits applied before and during decoding.
 #[derive(Debug, Clone, Copy)]
@@ -24,33 +27,49 @@ impl Default for ImageLimits {
 }
 
 /// Decodes `path` as 8-bit RGB, checking its declared size against `limits` before decoding.
+/// A truncated or corrupt file is an error, never a partially grey image.
 pub fn load_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage> {
     let bad = |m: String| Error::bad_file(path, m);
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if meta.len() == 0 {
         return Err(bad("file is empty".into()));
     }
-    let reader = ImageReader::open(path)
-        .map_err(|e| Error::io(path, e))?
-        .with_guessed_format()
-        .map_err(|e| Error::io(path, e))?;
-    if reader.format().is_none() {
-        return Err(bad("not a recognised image format".into()));
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let (w, h) = header_size(&bytes, limits).map_err(bad)?;
+    let img = decode_bytes(&bytes, limits).map_err(bad)?;
+    if img.dimensions() != (w, h) {
+        return Err(bad(format!("decoded size {}×{} differs from the header's {w}×{h}", img.width(), img.height())));
     }
-    let (w, h) = reader
-        .into_dimensions()
-        .map_err(|e| bad(format!("cannot read image header: {e}")))?;
-    check_size(w, h, limits).map_err(bad)?;
-    let mut reader = ImageReader::open(path)
-        .map_err(|e| Error::io(path, e))?
-        .with_guessed_format()
-        .map_err(|e| Error::io(path, e))?;
+    Ok(img)
+}
+
+/// The size an image file declares in its header, checked against `limits` (nothing is decoded).
+pub fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<(u32, u32), String> {
+    if bytes.is_empty() {
+        return Err("file is empty".into());
+    }
+    let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("cannot read file: {e}"))?;
+    if reader.format().is_none() {
+        return Err("not a recognised image format".into());
+    }
+    let (w, h) = reader.into_dimensions().map_err(|e| format!("cannot read image header: {e}"))?;
+    check_size(w, h, limits)?;
+    Ok((w, h))
+}
+
+/// Decodes image bytes as 8-bit RGB under the decoder limits; JPEGs in strict mode, so that a
+/// truncated file (baseline or progressive) is an error rather than a grey-filled image.
+pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<RgbImage, String> {
+    let mut reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("cannot read file: {e}"))?;
+    if reader.format() == Some(ImageFormat::Jpeg) {
+        return jpeg::decode_strict(bytes, limits);
+    }
     let mut l = image::Limits::default();
     l.max_image_width = Some(limits.max_side);
     l.max_image_height = Some(limits.max_side);
     l.max_alloc = Some(limits.max_alloc);
     reader.limits(l);
-    let img = reader.decode().map_err(|e| bad(format!("cannot decode image: {e}")))?;
+    let img = reader.decode().map_err(|e| format!("cannot decode image: {e}"))?;
     Ok(img.into_rgb8())
 }
 

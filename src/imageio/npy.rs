@@ -1,8 +1,12 @@
-//! Writing `.npy` arrays (NumPy format 1.0), atomically.
+//! Writing `.npy` arrays (NumPy format 1.0) atomically, and reading 2-D float maps back.
+use std::io::Read;
 use std::path::Path;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fsutil::write_atomic;
+
+mod header;
+pub use header::{parse_header, NpyDtype, NpyHeader};
 
 fn header(descr: &str, shape: &[usize]) -> Vec<u8> {
     let dims = match shape {
@@ -41,53 +45,68 @@ pub fn write_npy_f32(path: &Path, shape: &[usize], values: &[f32]) -> Result<()>
     write_atomic(path, &bytes)
 }
 
-/// Reads a 2-D float16 or float32 `.npy` file (C order) as `(shape, values)`, validating its header.
+/// Largest accepted header (the dict text), in bytes.
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
+/// Reads the magic, version and header of a `.npy` stream; returns the header and the data offset.
+pub fn read_header(r: &mut impl Read) -> std::result::Result<(NpyHeader, u64), String> {
+    let mut pre = [0u8; 10];
+    r.read_exact(&mut pre).map_err(|_| "not a .npy file (too short)".to_string())?;
+    if &pre[..6] != b"\x93NUMPY" {
+        return Err("not a .npy file".into());
+    }
+    let (hlen, off) = match pre[6] {
+        1 => (u16::from_le_bytes([pre[8], pre[9]]) as usize, 10),
+        2 | 3 => {
+            let mut more = [0u8; 2];
+            r.read_exact(&mut more).map_err(|_| "truncated .npy header".to_string())?;
+            (u32::from_le_bytes([pre[8], pre[9], more[0], more[1]]) as usize, 12)
+        }
+        v => return Err(format!("unsupported .npy version {v}")),
+    };
+    if hlen > MAX_HEADER_BYTES {
+        return Err(format!("header of {hlen} bytes is larger than the limit {MAX_HEADER_BYTES}"));
+    }
+    let mut text = vec![0u8; hlen];
+    r.read_exact(&mut text).map_err(|_| "truncated .npy header".to_string())?;
+    Ok((parse_header(&text)?, (off + hlen) as u64))
+}
+
+/// Reads a 2-D C-order float16/float32 array whose data starts after the header just read from `r`;
+/// `len` is the total stream length, checked against the shape before any data is read.
+fn read_2d_body(r: &mut impl Read, len: u64) -> std::result::Result<((usize, usize), Vec<f32>), String> {
+    let (h, off) = read_header(r)?;
+    if h.fortran_order {
+        return Err("Fortran-order arrays are not supported".into());
+    }
+    let [rows, cols] = h.shape[..] else { return Err(format!("expected a 2-D array, got shape {:?}", h.shape)) };
+    let n = h.elements()?;
+    if n == 0 {
+        return Err(format!("empty array of shape ({rows}, {cols})"));
+    }
+    let need = h.data_bytes()?;
+    let have = len.saturating_sub(off);
+    if have != need as u64 {
+        return Err(format!("data is {have} bytes, shape ({rows}, {cols}) needs {need}"));
+    }
+    let mut data = vec![0u8; need];
+    r.read_exact(&mut data).map_err(|e| format!("cannot read the data: {e}"))?;
+    let values = match h.dtype {
+        NpyDtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        NpyDtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+    };
+    Ok(((rows, cols), values))
+}
+
+/// Decodes a 2-D float16 or float32 `.npy` file held in memory (C order), validating its header.
+pub fn decode_npy_2d(bytes: &[u8]) -> std::result::Result<((usize, usize), Vec<f32>), String> {
+    read_2d_body(&mut std::io::Cursor::new(bytes), bytes.len() as u64)
+}
+
+/// Reads a 2-D float16 or float32 `.npy` file (C order) as `(shape, values)`: the header is parsed
+/// and the data size checked against the file length before the data is read.
 pub fn read_npy_2d(path: &Path) -> Result<((usize, usize), Vec<f32>)> {
-    use crate::error::Error;
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let bad = |m: &str| Error::bad_file(path, m.to_string());
-    if bytes.len() < 10 || &bytes[..6] != b"\x93NUMPY" {
-        return Err(bad("not a .npy file"));
-    }
-    let (hlen, off): (usize, usize) = match bytes[6] {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
-        2 | 3 if bytes.len() >= 12 => (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12),
-        _ => return Err(bad("unsupported .npy version")),
-    };
-    let end = off.checked_add(hlen).filter(|&e| e <= bytes.len()).ok_or_else(|| bad("truncated .npy header"))?;
-    let header = std::str::from_utf8(&bytes[off..end]).map_err(|_| bad("header is not text"))?;
-    let elem = if header.contains("'<f2'") {
-        2
-    } else if header.contains("'<f4'") {
-        4
-    } else {
-        return Err(bad("only little-endian float16/float32 arrays are supported"));
-    };
-    if header.contains("'fortran_order': True") {
-        return Err(bad("Fortran-order arrays are not supported"));
-    }
-    let shape_txt = header
-        .split("'shape':")
-        .nth(1)
-        .and_then(|s| s.split(')').next())
-        .map(|s| s.trim().trim_start_matches('('))
-        .ok_or_else(|| bad("no shape in header"))?;
-    let dims: Vec<usize> = shape_txt
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| bad("bad shape in header")))
-        .collect::<Result<_>>()?;
-    let [h, w] = dims[..] else { return Err(bad("expected a 2-D array")) };
-    let n = h.checked_mul(w).filter(|&n| n > 0).ok_or_else(|| bad("bad array size"))?;
-    let data = &bytes[end..];
-    if data.len() != n * elem {
-        return Err(bad(&format!("data is {} bytes, shape ({h}, {w}) needs {}", data.len(), n * elem)));
-    }
-    let values = if elem == 2 {
-        data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
-    } else {
-        data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-    };
-    Ok(((h, w), values))
+    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+    read_2d_body(&mut std::io::BufReader::new(f), len).map_err(|m| Error::bad_file(path, m))
 }

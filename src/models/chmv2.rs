@@ -10,6 +10,7 @@ use candle_nn::Conv2d;
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};
+use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::nn::dinov3::{Dinov3, Dinov3Config};
 use crate::nn::dpt::{same3x3, FusionResize, FusionStage, ReassembleLayer};
@@ -65,6 +66,31 @@ fn project() -> String { "project".into() }
 fn min_depth() -> f64 { 0.001 }
 fn max_depth() -> f64 { 96.0 }
 fn mixlog() -> String { "chmv2_mixlog".into() }
+
+impl Config {
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::root();
+        self.backbone_config.validate_in(Section::at("backbone_config"))?;
+        s.count("patch_size", self.patch_size, MAX_PATCH)?;
+        if let Some(f) = &self.reassemble_factors {
+            s.range("reassemble_factors.len()", f.len(), 1, MAX_LEVELS)?;
+            for (i, &v) in f.iter().enumerate() {
+                check_reassemble_factor(&s, &format!("reassemble_factors[{i}]"), v)?;
+            }
+        }
+        if let Some(c) = &self.post_process_channels {
+            s.range("post_process_channels.len()", c.len(), 1, MAX_LEVELS)?;
+            s.each("post_process_channels", c, 1, MAX_WIDTH)?;
+        }
+        s.range("fusion_hidden_size", self.fusion_hidden_size, 2, MAX_WIDTH)?;
+        s.count("head_hidden_size", self.head_hidden_size, MAX_WIDTH)?;
+        s.count("number_output_channels", self.number_output_channels, MAX_CLASSES)?;
+        s.real("min_depth", self.min_depth, -MAX_DEPTH_VALUE, MAX_DEPTH_VALUE)?;
+        s.real("max_depth", self.max_depth, -MAX_DEPTH_VALUE, MAX_DEPTH_VALUE)?;
+        Ok(())
+    }
+}
 
 /// How the class token enters each level's patch tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,6 +290,7 @@ impl Chmv2 {
     /// As [`Chmv2::load`], with per-part compute dtypes.
     pub fn load_with(vb: &Vb, config: &serde_json::Value, precision: Precision) -> Result<Self> {
         let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("chmv2 config: {e}")))?;
+        cfg.validate()?;
         let bb = &cfg.backbone_config;
         if bb.patch()? != cfg.patch_size {
             return Err(Error::Config(format!("patch_size {} differs from the backbone's {}", cfg.patch_size, bb.patch()?)));

@@ -14,6 +14,7 @@ use candle_nn::{Conv2d, LayerNorm};
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};
+use crate::config_check::{Section, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::nn::dinov2::{Dinov2, Dinov2Config, Dinov2Options, KeyLayout, PosEmbedResize, RopeOptions};
 use crate::nn::dpt::{same3x3, tokens_to_grid, FusionStage, ReassembleLayer};
@@ -223,11 +224,36 @@ impl Da3Config {
         };
         let net = cfg.net.or(pn).ok_or_else(|| Error::Config("DA3 config: no `net` section and no known `model_name`".into()))?;
         let head = cfg.head.or(ph).ok_or_else(|| Error::Config("DA3 config: no `head` section and no known `model_name`".into()))?;
+        net.validate()?;
+        head.validate()?;
         Ok((arch, net, head))
     }
 }
 
 impl NetConfig {
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::at("net");
+        let d = s.count("embed_dim", self.embed_dim.unwrap_or(1), MAX_WIDTH)?;
+        s.count("depth", self.depth.unwrap_or(1), MAX_LAYERS)?;
+        if let Some(h) = self.num_heads {
+            s.heads("num_heads", h, "embed_dim", d)?;
+        }
+        if let Some(r) = self.mlp_ratio {
+            s.scaled("mlp_ratio", d, r, MAX_MLP_WIDTH)?;
+        }
+        let p = s.count("patch_size", self.patch_size, MAX_PATCH)?;
+        s.range("img_size", self.img_size, p, MAX_IMAGE_SIZE)?;
+        s.positive("rope_freq", self.rope_freq as f64, 1e6)?;
+        s.each("out_layers", &self.out_layers, 0, MAX_LAYERS - 1)?;
+        for (key, v) in [("alt_start", self.alt_start), ("qknorm_start", self.qknorm_start), ("rope_start", self.rope_start)] {
+            if !(-1..=MAX_LAYERS as i64).contains(&v) {
+                return Err(s.bad(key, format!("= {v} is outside -1..={MAX_LAYERS}")));
+            }
+        }
+        Ok(())
+    }
+
     fn backbone_config(&self) -> Result<Dinov2Config> {
         let (d, depth, heads) = match self.name.as_str() {
             "vits" => (384, 12, 6),
@@ -357,6 +383,20 @@ struct Head {
 
 const REASSEMBLE_FACTORS: [f64; 4] = [4.0, 2.0, 1.0, 0.5];
 const HEAD_HIDDEN: usize = 32;
+
+impl HeadConfig {
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::at("head");
+        s.count("dim_in", self.dim_in, 2 * MAX_WIDTH)?;
+        s.range("output_dim", self.output_dim, 1, 2)?;
+        s.range("features", self.features, 2, MAX_WIDTH)?;
+        s.each("out_channels", &self.out_channels, 1, MAX_WIDTH)?;
+        let p = s.count("patch_size", self.patch_size, MAX_PATCH)?;
+        s.range("down_ratio", self.down_ratio, 1, p)?;
+        Ok(())
+    }
+}
 
 impl Head {
     fn load(vb: &Vb, cfg: &HeadConfig) -> Result<Self> {

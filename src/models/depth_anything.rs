@@ -4,6 +4,7 @@ use candle_nn::Conv2d;
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};
+use crate::config_check::{check_reassemble_factor, Section, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::nn::dinov2::{Dinov2, Dinov2Config, PosEmbedResize};
 use crate::nn::dpt::{same3x3, tokens_to_grid, FusionStage, ReassembleLayer};
@@ -55,6 +56,27 @@ fn neck() -> Vec<usize> { vec![96, 192, 384, 768] }
 fn factors() -> Vec<f64> { vec![4.0, 2.0, 1.0, 0.5] }
 fn relative() -> String { "relative".into() }
 
+impl Config {
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::root();
+        self.backbone_config.validate_in(Section::at("backbone_config"))?;
+        s.count("patch_size", self.patch_size, MAX_PATCH)?;
+        s.count("reassemble_hidden_size", self.reassemble_hidden_size, MAX_WIDTH)?;
+        s.range("neck_hidden_sizes.len()", self.neck_hidden_sizes.len(), 1, MAX_LEVELS)?;
+        s.each("neck_hidden_sizes", &self.neck_hidden_sizes, 1, MAX_WIDTH)?;
+        for (i, &f) in self.reassemble_factors.iter().enumerate() {
+            check_reassemble_factor(&s, &format!("reassemble_factors[{i}]"), f)?;
+        }
+        s.range("fusion_hidden_size", self.fusion_hidden_size, 2, MAX_WIDTH)?;
+        s.count("head_hidden_size", self.head_hidden_size, MAX_WIDTH)?;
+        if let Some(m) = self.max_depth {
+            s.positive("max_depth", m, MAX_DEPTH_VALUE)?;
+        }
+        Ok(())
+    }
+}
+
 /// Whether the head ends in ReLU (relative disparity) or sigmoid × max_depth (metres).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DepthKind {
@@ -89,6 +111,7 @@ impl DepthAnything {
     /// Builds the model from the hub layout (`backbone.*`, `neck.*`, `head.*`).
     pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
         let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("depth_anything config: {e}")))?;
+        cfg.validate()?;
         let kind = match cfg.depth_estimation_type.as_str() {
             "relative" => DepthKind::Relative,
             "metric" => DepthKind::Metric,

@@ -55,23 +55,21 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     })?;
     let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
     let config = store.config().clone();
-    let built: Result<Box<dyn Model>> = match arch.as_str() {
-        "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config),
-        "chmv2" => Ok(Box::new(chmv2::Chmv2::load(&vb, &config)?)),
-        "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Ok(Box::new(da3::Da3::load(&vb, &config)?)),
-        "depth_anything" => Ok(Box::new(depth_anything::DepthAnything::load(&vb, &config)?)),
-        "segformer" => Ok(Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?)),
-        other => Err(Error::Config(format!(
-            "{}: unknown architecture `{other}` (supported: {})",
-            store.root().display(),
-            ARCHITECTURES.join(", ")
-        ))),
+    let build = || -> Result<Box<dyn Model>> {
+        Ok(match arch.as_str() {
+            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config)?,
+            "chmv2" => Box::new(chmv2::Chmv2::load(&vb, &config)?),
+            "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Box::new(da3::Da3::load(&vb, &config)?),
+            "depth_anything" => Box::new(depth_anything::DepthAnything::load(&vb, &config)?),
+            "segformer" => Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?),
+            other => return Err(Error::Config(format!("unknown architecture `{other}` (supported: {})", ARCHITECTURES.join(", ")))),
+        })
     };
     // Building a model only reads tensors: a Candle error here (a shape the config did not lead to
     // expect) means the weights and the config disagree — bad input, not a compute failure.
-    built.map_err(|e| match e {
+    build().map_err(|e| match e {
         Error::Candle(c) => Error::bad_file(store.root(), format!("the weights do not match the config: {}", Error::candle_message(&c))),
-        other => other,
+        other => crate::config_check::in_file(store.config_origin(), other),
     })
 }
 pub mod lgatr;

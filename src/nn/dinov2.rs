@@ -13,6 +13,7 @@ use super::interpolate::{bicubic, Resize};
 use super::layers::{conv2d, layer_norm};
 use super::linear::Linear;
 use super::rope2d::Rope2d;
+use crate::config_check::{Section, MAX_INPUT_CHANNELS, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::weights::Vb;
 
@@ -80,15 +81,19 @@ impl Dinov2Config {
     }
 
     fn validate(&self) -> Result<()> {
-        if self.hidden_size == 0 || self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
-            return Err(Error::Config(format!(
-                "hidden_size {} is not a positive multiple of num_attention_heads {}",
-                self.hidden_size, self.num_attention_heads
-            )));
-        }
-        if self.patch_size == 0 || self.image_size < self.patch_size {
-            return Err(Error::Config(format!("bad patch_size {} / image_size {}", self.patch_size, self.image_size)));
-        }
+        self.validate_in(Section::root())
+    }
+
+    /// Checks every number against the shared config limits, naming keys under `s`.
+    pub fn validate_in(&self, s: Section) -> Result<()> {
+        let d = s.count("hidden_size", self.hidden_size, MAX_WIDTH)?;
+        s.heads("num_attention_heads", self.num_attention_heads, "hidden_size", d)?;
+        s.count("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        s.scaled("mlp_ratio", d, self.mlp_ratio, MAX_MLP_WIDTH)?;
+        s.positive("layer_norm_eps", self.layer_norm_eps, 1.0)?;
+        let p = s.count("patch_size", self.patch_size, MAX_PATCH)?;
+        s.range("image_size", self.image_size, p, MAX_IMAGE_SIZE)?;
+        s.count("num_channels", self.num_channels, MAX_INPUT_CHANNELS)?;
         Ok(())
     }
 }

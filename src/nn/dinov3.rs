@@ -13,6 +13,7 @@ use super::dinov2::{resolve_out_indices, Block, Ffn, SelfAttention};
 use super::layers::{conv2d, layer_norm};
 use super::linear::Linear;
 use super::rope::Rope2d;
+use crate::config_check::{Section, MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::weights::Vb;
 
@@ -136,25 +137,29 @@ impl Dinov3Config {
     }
 
     fn validate(&self) -> Result<()> {
-        let d = self.hidden_size;
-        if d == 0 || self.num_attention_heads == 0 || d % self.num_attention_heads != 0 {
-            return Err(Error::Config(format!(
-                "hidden_size {d} is not a positive multiple of num_attention_heads {}",
-                self.num_attention_heads
-            )));
-        }
+        self.validate_in(Section::root())
+    }
+
+    /// Checks every number against the shared config limits, naming keys under `s`.
+    pub fn validate_in(&self, s: Section) -> Result<()> {
+        let d = s.count("hidden_size", self.hidden_size, MAX_WIDTH)?;
+        s.heads("num_attention_heads", self.num_attention_heads, "hidden_size", d)?;
         if self.head_dim() % 4 != 0 {
-            return Err(Error::Config(format!("DINOv3 RoPE needs a head width divisible by 4, got {}", self.head_dim())));
+            return Err(s.bad("num_attention_heads", format!("gives a head width of {}; DINOv3 RoPE needs a multiple of 4", self.head_dim())));
         }
-        if self.patch()? == 0 || self.intermediate_size == 0 || self.num_channels == 0 {
-            return Err(Error::Config("patch_size, intermediate_size and num_channels must be positive".into()));
-        }
-        if !(self.layer_norm_eps > 0.0 && self.layer_norm_eps.is_finite()) {
-            return Err(Error::Config(format!("bad layer_norm_eps {}", self.layer_norm_eps)));
-        }
+        s.count("patch_size", self.patch()?, MAX_PATCH)?;
+        s.count("intermediate_size", self.intermediate_size, MAX_MLP_WIDTH)?;
+        s.count("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
+        s.count("num_channels", self.num_channels, MAX_INPUT_CHANNELS)?;
+        s.range("num_register_tokens", self.num_register_tokens, 0, MAX_REGISTERS)?;
+        s.positive("layer_norm_eps", self.layer_norm_eps, 1.0)?;
+        s.positive("rope_theta", self.rope_theta, 1e9)?;
         Ok(())
     }
 }
+
+/// Largest number of DINOv3 register tokens.
+const MAX_REGISTERS: usize = 256;
 
 /// Backbone outputs for the selected stages.
 pub struct Dinov3Features {

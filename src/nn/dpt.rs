@@ -37,6 +37,7 @@ impl ReassembleLayer {
     /// Loads the 1×1 projection from `projection_vb` and the resample conv from `resize_vb` (the original
     /// DPT layout keeps them in separate lists: `projects.{i}`, `resize_layers.{i}`).
     pub fn load_parts(projection_vb: &Vb, resize_vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
+        crate::config_check::check_reassemble_factor(&crate::config_check::Section::root(), "reassemble factor", factor)?;
         let projection = conv2d(projection_vb, in_c, channels, 1, Default::default(), true)?;
         let resize = if factor > 1.0 {
             let f = factor.round() as usize;

@@ -26,9 +26,21 @@ fn cubic2(x: f64) -> f64 {
     ((CUBIC_A * x - 5.0 * CUBIC_A) * x + 8.0 * CUBIC_A) * x - 4.0 * CUBIC_A
 }
 
+/// Largest side of a resize output (feature maps never exceed the network input).
+pub const MAX_RESIZE_SIDE: usize = crate::config_check::MAX_INPUT_SIDE;
+
+/// Checks a resize of `n_in` to `n_out` samples along one axis (both in `1..=MAX_RESIZE_SIDE`).
+fn check_axis(n_in: usize, n_out: usize) -> Result<()> {
+    if n_in == 0 || n_out == 0 || n_in > MAX_RESIZE_SIDE || n_out > MAX_RESIZE_SIDE {
+        return Err(Error::Input(format!("cannot resize {n_in} to {n_out} samples: sizes must be in 1..={MAX_RESIZE_SIDE}")));
+    }
+    Ok(())
+}
+
 /// The `[out, in]` matrix of 1-D bicubic interpolation (align_corners=False, borders clamped),
 /// where `scale` maps output to input coordinates.
-pub fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Vec<f32> {
+pub fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Result<Vec<f32>> {
+    check_axis(n_in, n_out)?;
     let mut m = vec![0f32; n_out * n_in];
     for o in 0..n_out {
         let real = scale * (o as f64 + 0.5) - 0.5;
@@ -40,7 +52,7 @@ pub fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Vec<f32> {
             m[o * n_in + idx] += *wk as f32;
         }
     }
-    m
+    Ok(m)
 }
 
 /// Output size and input-coordinate scales of a resize of an `h`×`w` map.
@@ -51,12 +63,18 @@ pub fn resolve(h: usize, w: usize, r: Resize) -> Result<(usize, usize, f64, f64)
             if !(fh > 0.0 && fw > 0.0 && fh.is_finite() && fw.is_finite()) {
                 return Err(Error::Input(format!("bad resize scale factors {fh}, {fw}")));
             }
-            ((h as f64 * fh).floor() as usize, (w as f64 * fw).floor() as usize, 1.0 / fh, 1.0 / fw)
+            let (oh, ow) = ((h as f64 * fh).floor(), (w as f64 * fw).floor());
+            if oh > MAX_RESIZE_SIDE as f64 || ow > MAX_RESIZE_SIDE as f64 {
+                return Err(Error::Input(format!("resize of {h}×{w} by {fh}, {fw} exceeds {MAX_RESIZE_SIDE} per side")));
+            }
+            (oh as usize, ow as usize, 1.0 / fh, 1.0 / fw)
         }
     };
     if oh == 0 || ow == 0 {
         return Err(Error::Input(format!("resize of {h}×{w} gives an empty output {oh}×{ow}")));
     }
+    check_axis(h, oh)?;
+    check_axis(w, ow)?;
     Ok((oh, ow, sh, sw))
 }
 
@@ -65,8 +83,8 @@ pub fn bicubic(x: &Tensor, r: Resize) -> Result<Tensor> {
     let (b, c, h, w) = x.dims4()?;
     let (oh, ow, sh, sw) = resolve(h, w, r)?;
     let dev = x.device();
-    let my = Tensor::from_vec(bicubic_matrix(h, oh, sh), (oh, h), dev)?;
-    let mx = Tensor::from_vec(bicubic_matrix(w, ow, sw), (ow, w), dev)?;
+    let my = Tensor::from_vec(bicubic_matrix(h, oh, sh)?, (oh, h), dev)?;
+    let mx = Tensor::from_vec(bicubic_matrix(w, ow, sw)?, (ow, w), dev)?;
     let xf = x.to_dtype(DType::F32)?.reshape((b * c, h, w))?;
     // rows: [oh, h] x [bc, h, w] -> [bc, oh, w]; then columns: [bc, oh, w] x [w, ow].
     let y = my.broadcast_left(b * c)?.matmul(&xf)?;
@@ -76,16 +94,22 @@ pub fn bicubic(x: &Tensor, r: Resize) -> Result<Tensor> {
 
 /// Bilinear resize to `(oh, ow)` with PyTorch's `align_corners` semantics.
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
-    let (_, _, h, w) = x.dims4()?;
+    let (b, c, h, w) = x.dims4()?;
     if (h, w) == (oh, ow) {
         return Ok(x.clone());
     }
+    check_axis(h, oh)?;
+    check_axis(w, ow)?;
+    (b * c).checked_mul(oh * ow).ok_or_else(|| Error::Input(format!("bilinear resize of {:?} to {oh}×{ow} overflows", x.dims())))?;
     Ok(x.upsample_bilinear2d(oh, ow, align_corners)?)
 }
 
 /// Bicubic resize (PyTorch semantics, align_corners=False, by size) of one row-major `h`×`w` map on
 /// the CPU, four taps per axis; used to bring predictions back to the source resolution.
-pub fn bicubic_map(values: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> Vec<f32> {
+pub fn bicubic_map(values: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> Result<Vec<f32>> {
+    if h == 0 || w == 0 || oh == 0 || ow == 0 || h.checked_mul(w) != Some(values.len()) || oh.checked_mul(ow).is_none() {
+        return Err(Error::Input(format!("cannot resize a map of {} values as {h}×{w} to {oh}×{ow}", values.len())));
+    }
     let taps = |n_in: usize, n_out: usize| -> Vec<([usize; 4], [f32; 4])> {
         let scale = n_in as f64 / n_out as f64;
         (0..n_out)
@@ -114,5 +138,5 @@ pub fn bicubic_map(values: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> 
             out[y * ow + x] = (0..4).map(|k| rows[idx[k] * ow + x] * wts[k]).sum();
         }
     }
-    out
+    Ok(out)
 }

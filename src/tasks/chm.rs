@@ -11,6 +11,7 @@ use super::batch::group_by_key;
 use super::depth::{DepthMap, Size};
 use crate::memory::backoff::check_injected_oom;
 use crate::models::footprint::Footprint;
+use crate::config_check::{self, Section, MAX_MULTIPLE};
 use crate::error::{Error, Result};
 use crate::imageio::resample::{resize, Filter};
 use crate::models::chmv2::{Chmv2, Precision};
@@ -95,7 +96,8 @@ impl Default for ChmPreprocess {
 
 /// Padding before and after along one axis to reach a multiple of `m` (before = total / 2).
 pub fn centre_pad(n: usize, m: usize) -> (usize, usize) {
-    let total = n.div_ceil(m) * m - n;
+    let m = m.max(1);
+    let total = n.div_ceil(m).saturating_mul(m).saturating_sub(n);
     (total / 2, total - total / 2)
 }
 
@@ -114,18 +116,19 @@ impl ChmPreprocess {
     pub fn from_file(p: &Path) -> Result<Self> {
         let text = crate::fsutil::read_input(p, crate::fsutil::MAX_TEXT_INPUT)?;
         let cfg: ChmPreprocess = serde_json::from_slice(&text).map_err(|e| Error::bad_file(p, e.to_string()))?;
-        cfg.validate().map_err(|m| Error::bad_file(p, m))?;
+        cfg.validate().map_err(|e| config_check::in_file(&p.display().to_string(), e))?;
         Ok(cfg)
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
-        if self.ensure_multiple_of == 0 || self.size_divisor == 0 || self.size.height == 0 || self.size.width == 0 {
-            return Err("size, ensure_multiple_of and size_divisor must be positive".into());
-        }
-        if self.image_std.iter().any(|s| !s.is_finite() || *s <= 0.0) || !self.rescale_factor.is_finite() || self.rescale_factor <= 0.0 {
-            return Err("image_std and rescale_factor must be positive".into());
-        }
-        self.filter()?;
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::root();
+        s.image_size("size", self.size.height, self.size.width)?;
+        s.count("ensure_multiple_of", self.ensure_multiple_of, MAX_MULTIPLE)?;
+        s.count("size_divisor", self.size_divisor, MAX_MULTIPLE)?;
+        s.mean_std(&self.image_mean, &self.image_std)?;
+        s.positive("rescale_factor", self.rescale_factor, 1.0)?;
+        self.filter().map_err(|m| s.bad("resample", m))?;
         Ok(())
     }
 
@@ -150,7 +153,8 @@ impl ChmPreprocess {
     pub fn input_size(&self, h: usize, w: usize) -> (usize, usize) {
         let (h, w) = self.resized_size(h, w);
         if self.do_pad {
-            (h.div_ceil(self.size_divisor) * self.size_divisor, w.div_ceil(self.size_divisor) * self.size_divisor)
+            let m = self.size_divisor.max(1);
+            (h.div_ceil(m).saturating_mul(m), w.div_ceil(m).saturating_mul(m))
         } else {
             (h, w)
         }
@@ -159,6 +163,8 @@ impl ChmPreprocess {
     /// `pixel_values` `[3, H, W]` (f32) for one image, as `CHMv2ImageProcessor` makes them.
     pub fn pixel_values(&self, img: &RgbImage, device: &Device) -> Result<Tensor> {
         let (h0, w0) = (img.height() as usize, img.width() as usize);
+        let (ph, pw) = self.input_size(h0, w0);
+        let n = config_check::input_elements(ph, pw, 3)?;
         let (h, w) = self.resized_size(h0, w0);
         let resized;
         let img = if (h, w) != (h0, w0) {
@@ -168,7 +174,6 @@ impl ChmPreprocess {
         } else {
             img
         };
-        let (ph, pw) = self.input_size(h0, w0);
         let (top, _) = centre_pad(h, if self.do_pad { self.size_divisor } else { 1 });
         let (left, _) = centre_pad(w, if self.do_pad { self.size_divisor } else { 1 });
         // transformers fuses rescale and normalise: (x − mean/r) / (std/r) in float32.
@@ -188,7 +193,7 @@ impl ChmPreprocess {
                 (false, false) => {}
             }
         }
-        let mut data = vec![0f32; 3 * ph * pw];
+        let mut data = vec![0f32; n];
         for (i, px) in img.as_raw().chunks_exact(3).enumerate() {
             let (y, x) = (i / w + top, i % w + left);
             for c in 0..3 {
@@ -202,6 +207,9 @@ impl ChmPreprocess {
 /// Resizes a `[h, w]` map to `(oh, ow)` with bilinear interpolation, align_corners=True (as
 /// `CHMv2ImageProcessor.post_process_depth_estimation`).
 pub fn resize_back(values: &[f32], h: usize, w: usize, oh: usize, ow: usize) -> Result<Vec<f32>> {
+    if h.checked_mul(w) != Some(values.len()) || oh == 0 || ow == 0 || oh.checked_mul(ow).is_none() {
+        return Err(Error::Input(format!("cannot resize a map of {} values as {h}×{w} to {oh}×{ow}", values.len())));
+    }
     if (h, w) == (oh, ow) {
         return Ok(values.to_vec());
     }
@@ -231,7 +239,8 @@ impl ChmEstimator {
         let cfg = store.config().clone();
         let footprint = Footprint::new(&arch, &cfg, precision.head);
         let vb = Vb::new(store, precision.backbone, device.clone());
-        let model = Chmv2::load_with(&vb, &cfg, precision)?;
+        let origin = vb.store().config_origin().to_string();
+        let model = Chmv2::load_with(&vb, &cfg, precision).map_err(|e| crate::config_check::in_file(&origin, e))?;
         Ok(ChmEstimator { model, pre: ChmPreprocess::for_model(path)?, device: device.clone(), precision, footprint })
     }
 

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::batch::group_by_key;
 use crate::memory::backoff::check_injected_oom;
 use crate::models::footprint::Footprint;
+use crate::config_check::{self, Section, MAX_MULTIPLE};
 use crate::error::{Error, Result};
 use crate::imageio::cv_resize::{cv_resize, CvInterp};
 use crate::imageio::resample::Filter;
@@ -70,10 +71,16 @@ impl DepthPreprocess {
         }
         let text = crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT)?;
         let cfg: DepthPreprocess = serde_json::from_slice(&text).map_err(|e| Error::bad_file(&p, e.to_string()))?;
-        if cfg.ensure_multiple_of == 0 || cfg.size.height == 0 || cfg.size.width == 0 || cfg.image_std.iter().any(|s| *s <= 0.0) {
-            return Err(Error::bad_file(&p, "size, ensure_multiple_of and image_std must be positive"));
-        }
+        cfg.validate().map_err(|e| config_check::in_file(&p.display().to_string(), e))?;
         Ok(cfg)
+    }
+
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = Section::root();
+        s.image_size("size", self.size.height, self.size.width)?;
+        s.count("ensure_multiple_of", self.ensure_multiple_of, MAX_MULTIPLE)?;
+        s.mean_std(&self.image_mean, &self.image_std)
     }
 
     /// The network input size for an `h`×`w` image.
@@ -144,6 +151,8 @@ impl Da3Preprocess {
     pub fn resize(&self, img: &RgbImage) -> Result<RgbImage> {
         let (h, w) = (img.height() as usize, img.width() as usize);
         let ((h1, w1), (h2, w2)) = self.sizes(h, w);
+        config_check::input_elements(h1, w1, 3)?;
+        config_check::input_elements(h2, w2, 3)?;
         let step = |im: &RgbImage, nh: usize, nw: usize, grow: bool| -> Result<RgbImage> {
             if (nh, nw) == (im.height() as usize, im.width() as usize) {
                 return Ok(im.clone());
@@ -320,7 +329,7 @@ impl DepthEstimator {
                     }
                     Ok(v)
                 };
-                let back = |v: &[f32]| DepthMap { height: sh, width: sw, values: bicubic_map(v, oh, ow, sh, sw) };
+                let back = |v: &[f32]| -> Result<DepthMap> { Ok(DepthMap { height: sh, width: sw, values: bicubic_map(v, oh, ow, sh, sw)? }) };
                 let mut d = row(&depth)?;
                 let sky_v = sky.as_ref().map(row).transpose()?;
                 if let Some(s) = &sky_v {
@@ -330,9 +339,9 @@ impl DepthEstimator {
                     scale_to_metric(&mut d, f * (ow as f32 / sw as f32 + oh as f32 / sh as f32) / 2.0);
                 }
                 out.push(DepthPrediction {
-                    depth: back(&d),
-                    confidence: conf.as_ref().map(|c| row(c).map(|v| back(&v))).transpose()?,
-                    sky: sky_v.map(|v| back(&v)),
+                    depth: back(&d)?,
+                    confidence: conf.as_ref().map(|c| row(c).and_then(|v| back(&v))).transpose()?,
+                    sky: sky_v.map(|v| back(&v)).transpose()?,
                 });
             }
         }

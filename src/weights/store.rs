@@ -40,6 +40,7 @@ pub struct WeightStore {
     tensors: BTreeMap<String, TensorEntry>,
     metadata: BTreeMap<String, MetaValue>,
     config: serde_json::Value,
+    config_origin: String,
     remaps: Vec<Remap>,
 }
 
@@ -98,7 +99,7 @@ impl WeightStore {
         } else {
             let config_path = path.with_file_name("config.json");
             let config = if config_path.exists() { read_config(&config_path)? } else { serde_json::json!({}) };
-            Self::open_safetensors(path, vec![path.to_path_buf()], config, limits)
+            Self::open_safetensors(path, vec![path.to_path_buf()], config, &config_path, limits)
         }
     }
 
@@ -114,7 +115,7 @@ impl WeightStore {
             };
             if index.exists() {
                 let (shards, weight_map) = shard_files(dir, &index)?;
-                let store = Self::open_safetensors(dir, shards, config, limits)?;
+                let store = Self::open_safetensors(dir, shards, config, &config_path, limits)?;
                 for (tensor, file) in weight_map {
                     let entry = store.tensors.get(&tensor).ok_or_else(|| Error::bad_tensor(&index, &tensor, format!("listed in weight_map but not found in {file}")))?;
                     if store.files[entry.file].path.file_name().is_none_or(|n| n != file.as_str()) {
@@ -123,7 +124,7 @@ impl WeightStore {
                 }
                 return Ok(store);
             }
-            return Self::open_safetensors(dir, vec![single], config, limits);
+            return Self::open_safetensors(dir, vec![single], config, &config_path, limits);
         }
         let ggufs: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| Error::io(dir, e))?
@@ -137,7 +138,7 @@ impl WeightStore {
         }
     }
 
-    fn open_safetensors(root: &Path, paths: Vec<PathBuf>, config: serde_json::Value, limits: &Limits) -> Result<Self> {
+    fn open_safetensors(root: &Path, paths: Vec<PathBuf>, config: serde_json::Value, config_path: &Path, limits: &Limits) -> Result<Self> {
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
         let mut metadata = BTreeMap::new();
@@ -155,7 +156,8 @@ impl WeightStore {
             }
             files.push(Mapped { path: p, map });
         }
-        Ok(WeightStore { root: root.to_path_buf(), format: Format::Safetensors, files, tensors, metadata, config, remaps: vec![] })
+        let config_origin = config_path.display().to_string();
+        Ok(WeightStore { root: root.to_path_buf(), format: Format::Safetensors, files, tensors, metadata, config, config_origin, remaps: vec![] })
     }
 
     fn open_gguf(path: &Path, limits: &Limits) -> Result<Self> {
@@ -181,6 +183,7 @@ impl WeightStore {
             tensors,
             metadata: header.metadata,
             config,
+            config_origin: format!("{} (metadata {CONFIG_METADATA_KEY})", path.display()),
             remaps: vec![],
         })
     }
@@ -209,6 +212,11 @@ impl WeightStore {
     /// The model config (`config.json`, or the GGUF `edgerun.config` metadata; `{}` when absent).
     pub fn config(&self) -> &serde_json::Value {
         &self.config
+    }
+
+    /// Where the config came from, for error messages: `…/config.json` or `….gguf (metadata edgerun.config)`.
+    pub fn config_origin(&self) -> &str {
+        &self.config_origin
     }
 
     /// The architecture the files declare: the config's `model_type`, else GGUF

@@ -2,7 +2,15 @@
 //! `model_type`), with lgatr's defaults. Unknown keys are rejected.
 use serde::Deserialize;
 
+use crate::config_check::{mul, Section, MAX_HEADS, MAX_LAYERS, MAX_WIDTH};
 use crate::error::{Error, Result};
+
+/// Largest multivector (or 4-vector) channel count of an L-GATr layer.
+pub const MAX_MV_CHANNELS: usize = 1024;
+/// Largest L-GATr `attn_ratio` / `mlp_ratio`.
+pub const MAX_LGATR_RATIO: usize = 16;
+/// Largest L-GATr `num_layers_mlp`.
+pub const MAX_MLP_LAYERS: usize = 16;
 
 fn yes() -> bool {
     true
@@ -256,7 +264,7 @@ impl LgatrConfig {
 
     /// Per-head multivector channels of the attention: `max(attn_ratio·C // H, 1)`.
     pub fn head_mv_channels(&self) -> usize {
-        (self.attention.attn_ratio * self.hidden_mv_channels / self.attention.num_heads.max(1)).max(1)
+        (self.attention.attn_ratio.saturating_mul(self.hidden_mv_channels) / self.attention.num_heads.max(1)).max(1)
     }
 
     /// Per-head scalar channels: `0` without scalars, else `max(attn_ratio·S // H, 4)`.
@@ -264,21 +272,36 @@ impl LgatrConfig {
         if self.hidden_s_channels == 0 {
             0
         } else {
-            (self.attention.attn_ratio * self.hidden_s_channels / self.attention.num_heads.max(1)).max(4)
+            (self.attention.attn_ratio.saturating_mul(self.hidden_s_channels) / self.attention.num_heads.max(1)).max(4)
         }
     }
 
     /// Checks what lgatr would reject at construction, plus what this port does not support.
     pub fn validate(&self) -> Result<()> {
         let p = self.primitives();
-        if self.attention.num_heads == 0 {
-            return Err(Error::Config("attention.num_heads must be positive".into()));
-        }
-        if self.mlp.num_layers_mlp == 0 {
-            return Err(Error::Config("mlp.num_layers_mlp must be >= 1".into()));
-        }
-        if self.hidden_mv_channels == 0 {
-            return Err(Error::Config("hidden_mv_channels must be positive".into()));
+        let s = Section::root();
+        s.range("num_blocks", self.num_blocks, 0, MAX_LAYERS)?;
+        s.range("in_mv_channels", self.in_mv_channels, 0, MAX_MV_CHANNELS)?;
+        s.range("out_mv_channels", self.out_mv_channels, 0, MAX_MV_CHANNELS)?;
+        s.count("hidden_mv_channels", self.hidden_mv_channels, MAX_MV_CHANNELS)?;
+        s.range("in_s_channels", self.in_s_channels, 0, MAX_WIDTH)?;
+        s.range("out_s_channels", self.out_s_channels, 0, MAX_WIDTH)?;
+        s.range("hidden_s_channels", self.hidden_s_channels, 0, MAX_WIDTH)?;
+        let a = Section::at("attention");
+        a.count("num_heads", self.attention.num_heads, MAX_HEADS)?;
+        a.count("attn_ratio", self.attention.attn_ratio, MAX_LGATR_RATIO)?;
+        a.range("additional_qk_mv_channels", self.attention.additional_qk_mv_channels, 0, MAX_MV_CHANNELS)?;
+        a.range("additional_qk_s_channels", self.attention.additional_qk_s_channels, 0, MAX_WIDTH)?;
+        let m = Section::at("mlp");
+        m.count("mlp_ratio", self.mlp.mlp_ratio, MAX_LGATR_RATIO)?;
+        m.count("num_layers_mlp", self.mlp.num_layers_mlp, MAX_MLP_LAYERS)?;
+        // The sizes these imply (all heads' channels, the MLP width), checked before anything is built.
+        mul("attention.num_heads × per-head channels", self.attention.num_heads, 16 * self.head_mv_channels() + self.head_s_channels())?;
+        mul("mlp.mlp_ratio × hidden_mv_channels", self.mlp.mlp_ratio, self.hidden_mv_channels)?;
+        for (key, v) in [("reinsert_mv_channels", &self.reinsert_mv_channels), ("reinsert_s_channels", &self.reinsert_s_channels)] {
+            if let Some(v) = v {
+                s.range(&format!("{key}.len()"), v.len(), 0, MAX_WIDTH)?;
+            }
         }
         Nonlinearity::parse(&self.mlp.nonlinearity)?;
         if p.geometric_product && self.hidden_s_channels == 0 {
@@ -324,12 +347,12 @@ impl SlimConfig {
 
     /// Per-head vector channels: `max(attn_ratio·C // H, 1)`.
     pub fn head_v_channels(&self) -> usize {
-        (self.attn_ratio * self.hidden_v_channels / self.num_heads.max(1)).max(1)
+        (self.attn_ratio.saturating_mul(self.hidden_v_channels) / self.num_heads.max(1)).max(1)
     }
 
     /// Per-head scalar channels: `max(attn_ratio·S // H, 4)`.
     pub fn head_s_channels(&self) -> usize {
-        (self.attn_ratio * self.hidden_s_channels / self.num_heads.max(1)).max(4)
+        (self.attn_ratio.saturating_mul(self.hidden_s_channels) / self.num_heads.max(1)).max(4)
     }
 
     /// The scalar and vector nonlinearities.
@@ -344,12 +367,22 @@ impl SlimConfig {
 
     /// Checks what lgatr would reject at construction.
     pub fn validate(&self) -> Result<()> {
-        if self.num_heads == 0 {
-            return Err(Error::Config("num_heads must be positive".into()));
-        }
+        let s = Section::root();
+        s.range("num_blocks", self.num_blocks, 0, MAX_LAYERS)?;
+        s.range("in_v_channels", self.in_v_channels, 0, MAX_MV_CHANNELS)?;
+        s.range("out_v_channels", self.out_v_channels, 0, MAX_MV_CHANNELS)?;
+        s.range("hidden_v_channels", self.hidden_v_channels, 0, MAX_MV_CHANNELS)?;
+        s.range("in_s_channels", self.in_s_channels, 0, MAX_WIDTH)?;
+        s.range("out_s_channels", self.out_s_channels, 0, MAX_WIDTH)?;
+        s.range("hidden_s_channels", self.hidden_s_channels, 0, MAX_WIDTH)?;
+        s.count("num_heads", self.num_heads, MAX_HEADS)?;
+        s.count("attn_ratio", self.attn_ratio, MAX_LGATR_RATIO)?;
+        s.count("mlp_ratio", self.mlp_ratio, MAX_LGATR_RATIO)?;
         if self.num_layers_mlp < 2 {
             return Err(Error::Config(format!("SlimMLP needs num_layers_mlp >= 2, got {}", self.num_layers_mlp)));
         }
+        s.range("num_layers_mlp", self.num_layers_mlp, 2, MAX_MLP_LAYERS)?;
+        mul("num_heads × per-head channels", self.num_heads, 4 * self.head_v_channels() + self.head_s_channels())?;
         if self.in_s_channels == 0 {
             return Err(Error::Config("LGATrSlim requires scalar inputs (in_s_channels > 0)".into()));
         }

@@ -19,6 +19,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
 use serde::Deserialize;
 
+use crate::config_check::{Section, MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_LEVELS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::models::{Model, NamedTensors};
 use crate::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
@@ -200,28 +201,22 @@ impl Config {
                 return bad(format!("{name} has {len} entries, num_encoder_blocks is {n}"));
             }
         }
+        let sec = Section::root();
+        sec.count("num_encoder_blocks", n, MAX_LEVELS)?;
         for s in 0..n {
-            if self.hidden_sizes[s] == 0 || self.num_attention_heads[s] == 0 || self.hidden_sizes[s] < self.num_attention_heads[s] {
-                return bad(format!(
-                    "stage {s}: hidden size {} does not fit {} attention heads",
-                    self.hidden_sizes[s], self.num_attention_heads[s]
-                ));
-            }
-            if self.patch_sizes[s] == 0 || self.strides[s] == 0 || self.sr_ratios[s] == 0 {
-                return bad(format!("stage {s}: patch size, stride and sr_ratio must be at least 1"));
-            }
-            if !(self.mlp_ratios[s].is_finite() && self.mlp_ratios[s] > 0.0) || self.mlp_hidden(s) == 0 {
-                return bad(format!("stage {s}: bad mlp_ratio {}", self.mlp_ratios[s]));
-            }
+            let c = sec.count(&format!("hidden_sizes[{s}]"), self.hidden_sizes[s], MAX_WIDTH)?;
+            sec.heads(&format!("num_attention_heads[{s}]"), self.num_attention_heads[s], &format!("hidden_sizes[{s}]"), c)?;
+            sec.count(&format!("depths[{s}]"), self.depths[s], MAX_LAYERS)?;
+            sec.count(&format!("patch_sizes[{s}]"), self.patch_sizes[s], MAX_PATCH)?;
+            sec.count(&format!("strides[{s}]"), self.strides[s], MAX_PATCH)?;
+            sec.count(&format!("sr_ratios[{s}]"), self.sr_ratios[s], MAX_PATCH)?;
+            sec.scaled(&format!("mlp_ratios[{s}]"), c, self.mlp_ratios[s], MAX_MLP_WIDTH)?;
         }
-        if self.num_channels == 0 || self.decoder_hidden_size == 0 {
-            return bad("num_channels and decoder_hidden_size must be at least 1".into());
-        }
+        sec.count("num_channels", self.num_channels, MAX_INPUT_CHANNELS)?;
+        sec.count("decoder_hidden_size", self.decoder_hidden_size, MAX_WIDTH)?;
+        sec.count("num_labels", self.num_labels(), MAX_CLASSES)?;
         if !self.reshape_last_stage {
             return bad("reshape_last_stage = false is only meaningful for image classification; SegformerForSemanticSegmentation needs true".into());
-        }
-        if self.num_labels() == 0 {
-            return bad("num_labels must be at least 1".into());
         }
         self.act()?;
         Ok(())

@@ -115,7 +115,24 @@ impl Preprocess {
         } else {
             None
         };
-        Ok(Preprocess { size, filter, rescale, normalize })
+        let pre = Preprocess { size, filter, rescale, normalize };
+        pre.validate()?;
+        Ok(pre)
+    }
+
+    /// Checks every number against the shared config limits ([`crate::config_check`]).
+    pub fn validate(&self) -> Result<()> {
+        let s = crate::config_check::Section::root();
+        if let Some((h, w)) = self.size {
+            s.image_size("size", h, w)?;
+        }
+        if let Some(r) = self.rescale {
+            s.positive("rescale_factor", r as f64, 1.0)?;
+        }
+        if let Some((mean, std)) = &self.normalize {
+            s.mean_std(mean, std)?;
+        }
+        Ok(())
     }
 
     /// The network input size for an image of `w × h`.
@@ -126,6 +143,7 @@ impl Preprocess {
     /// `pixel_values [3, H, W]` (f32) for one RGB image.
     pub fn apply(&self, img: &RgbImage, device: &Device) -> Result<Tensor> {
         let (h, w) = self.input_size(img.width(), img.height());
+        let n = crate::config_check::input_elements(h, w, 3)?;
         let resized;
         let img = if (h, w) != (img.height() as usize, img.width() as usize) {
             resized = resize(img, w as u32, h as u32, self.filter);
@@ -137,7 +155,7 @@ impl Preprocess {
         let (mean, std) = self.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
         let raw = img.as_raw();
         let plane = h * w;
-        let mut out = vec![0f32; 3 * plane];
+        let mut out = vec![0f32; n];
         for (c, dst) in out.chunks_mut(plane).enumerate() {
             for (i, d) in dst.iter_mut().enumerate() {
                 *d = (raw[3 * i + c] as f32 * scale - mean[c]) / std[c];
@@ -447,7 +465,8 @@ impl Segmenter {
             None => return Err(Error::Config(format!("{}: no model_type in its config; segment needs a SegFormer (`segformer`)", model.display()))),
         }
         let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
-        let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())?;
+        let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())
+            .map_err(|e| crate::config_check::in_file(store.config_origin(), e))?;
         let labels = model_.config().labels();
         let footprint = crate::models::footprint::Footprint::new("segformer", store.config(), dtype);
         Ok(Segmenter { model: model_, preprocess: Preprocess::from_model_path(model)?, labels, footprint: Some(footprint) })
