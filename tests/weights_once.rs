@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use edgerun::weights::{Alias, WeightStore};
+use candle_core::Module;
+use edgerun::nn::Linear;
+use edgerun::weights::{Alias, Vb, WeightStore};
 
 /// Resident bytes of this process's mappings of `path`, and the kernel page size.
 fn mapped_rss(path: &Path) -> (usize, usize) {
@@ -42,12 +44,13 @@ fn assert_released(path: &Path, what: &str) {
     assert!(rss <= page, "{what}: {rss} bytes of the {file}-byte file stay resident after loading (at most one page expected)");
 }
 
-/// Four 1 MiB f32 matrices whose data starts off page boundaries, plus a small bias.
+/// Four 1 MiB f32 matrices whose data starts off page boundaries, a bias and an odd-sized vector.
 fn matrices(dev: &Device) -> Vec<(String, Tensor)> {
     let mut v: Vec<(String, Tensor)> = (0..4)
         .map(|i| (format!("layer.{i}.weight"), Tensor::randn(0f32, 1.0, (512, 512), dev).unwrap()))
         .collect();
-    v.push(("layer.0.bias".into(), Tensor::randn(0f32, 1.0, 7, dev).unwrap()));
+    v.push(("layer.0.bias".into(), Tensor::randn(0f32, 1.0, 512, dev).unwrap()));
+    v.push(("odd".into(), Tensor::randn(0f32, 1.0, 7, dev).unwrap()));
     v
 }
 
@@ -133,24 +136,52 @@ fn gguf_quantized_and_plain_pages_are_released_after_loading() {
     let refs: Vec<(&str, &QTensor)> = q.iter().map(|(n, t)| (n.as_str(), t)).collect();
     gguf_file::write(&mut f, &[], &refs).unwrap();
     drop(f);
-    let store = WeightStore::open(&path).unwrap();
+    let store = Arc::new(WeightStore::open(&path).unwrap());
     assert_released(&path, "after open");
-    let mut held = Vec::new();
-    for (name, t) in &q {
-        match store.qtensor(name, &dev).unwrap() {
-            Some(got) => {
-                assert_eq!(got.dtype(), t.dtype(), "{name}");
-                let diff = (got.dequantize(&dev).unwrap() - t.dequantize(&dev).unwrap()).unwrap();
-                assert_eq!(diff.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "{name}");
-                held.push(got);
-            }
-            None => drop(store.tensor(name, DType::F32, &dev).unwrap()),
-        }
-    }
+    // Quantized weights stay in the mapping: loading them reads nothing.
+    let held: Vec<QTensor> = q.iter().filter_map(|(n, _)| store.qtensor(n, &dev).unwrap()).collect();
+    assert_eq!(held.len(), 4);
     assert_released(&path, "quantized kept quantized");
+    for ((name, t), got) in q.iter().zip(&held) {
+        assert_eq!(got.dtype(), t.dtype(), "{name}");
+        let diff = (got.dequantize(&dev).unwrap() - t.dequantize(&dev).unwrap()).unwrap();
+        assert_eq!(diff.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0, "{name}");
+    }
+    // Using them maps their pages; releasing takes them out again and they still read the same.
+    assert!(mapped_rss(&path).0 > 0, "dequantizing reads the mapped blocks");
+    store.release_pages();
+    assert_released(&path, "quantized after release_pages");
+    let again = held[0].dequantize(&dev).unwrap();
+    assert_eq!((again - q[0].1.dequantize(&dev).unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+    store.release_pages();
+    // Dense loads of quantized tensors read into memory they own.
     let dense: Vec<Tensor> = q.iter().map(|(n, _)| store.tensor(n, DType::F32, &dev).unwrap()).collect();
     assert_eq!(dense.len(), q.len());
     assert_released(&path, "quantized dequantized");
+    // A quantized linear layer is warmed up (Candle repacks it) and leaves no mapped page behind,
+    // and computes x·dequant(W)ᵀ + b.
+    let vb = Vb::new(store.clone(), DType::F32, dev.clone());
+    for i in 0..4 {
+        let lin = Linear::load(&vb.pp(format!("layer.{i}")), 512, 512, i == 0).unwrap();
+        assert!(lin.is_quantized());
+        assert_released(&path, "quantized linear");
+        let x = Tensor::randn(0f32, 1.0, (3, 512), &dev).unwrap();
+        let mut want = x.matmul(&q[i].1.dequantize(&dev).unwrap().t().unwrap()).unwrap();
+        if i == 0 {
+            want = want.broadcast_add(&want_bias(&q)).unwrap();
+        }
+        let got = lin.forward(&x).unwrap();
+        let err = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        // Candle's kernels quantize the activations to 8 bits.
+        assert!(err <= 0.02 * scale, "layer.{i}: max error {err} for values up to {scale}");
+        store.release_pages();
+        assert_released(&path, "quantized linear after a forward pass");
+    }
+}
+
+fn want_bias(q: &[(String, QTensor)]) -> Tensor {
+    q.iter().find(|(n, _)| n == "layer.0.bias").unwrap().1.dequantize(&Device::Cpu).unwrap()
 }
 
 #[test]

@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QTensor};
 #[cfg(unix)]
@@ -33,22 +34,21 @@ pub enum Format {
 
 struct Mapped {
     path: PathBuf,
-    /// Parsed for the header; on unix tensors are read from `file` instead (see `Mapped::read`).
-    map: Mmap,
+    /// Parsed for the header; on unix dense tensors are read from `file` instead (see `Mapped::read`),
+    /// and quantized CPU weights are served from it (see `WeightStore::qtensor`).
+    map: Arc<Mmap>,
     #[cfg(unix)]
     file: File,
 }
 
 impl Mapped {
-    /// Drops this process's resident pages of the whole map: the header has been parsed into owned
-    /// values by then, and parsing maps the header's pages (and, through the kernel's fault-around,
-    /// often megabytes of tensor data after it). Best effort; a no-op off unix.
+    /// Drops this process's resident pages of the whole map (see `WeightStore::release_pages`).
     fn release(&self) {
         #[cfg(unix)]
         // SAFETY: `map` is a read-only shared file mapping (`Mmap::map`: PROT_READ, MAP_SHARED), so
         // it holds no private or modified pages: MADV_DONTNEED only removes this process's page-table
         // entries, and a later access faults the same file page back in from the page cache. Any
-        // borrow of the bytes therefore still reads the file's contents.
+        // borrow of the bytes (a mapped quantized weight) therefore still reads the file's contents.
         let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
     }
 
@@ -80,10 +80,15 @@ impl Mapped {
         unsafe { self.read(piece, T::zero()) }
     }
 
-    /// Reads a `piece` of GGML blocks of type `T` straight into the storage a CPU `QTensor` keeps,
-    /// or None when `T` is not laid out as GGUF stores it.
+    /// The storage of a CPU `QTensor` holding `piece` as GGML blocks of type `T`: with `mapped`,
+    /// the blocks in the map itself; otherwise read straight into the vector the tensor keeps.
+    /// None when `T` is not laid out as GGUF stores it.
     #[cfg(unix)]
-    fn read_blocks<T: GgmlType + 'static>(&self, piece: &Piece) -> std::io::Result<Option<QStorage>> {
+    fn blocks<T: GgmlType + Send + Sync + 'static>(&self, piece: &Piece, mapped: bool) -> std::io::Result<Option<QStorage>> {
+        if mapped {
+            let blocks = super::mapped::MappedBlocks::<T>::new(self.map.clone(), piece.start, piece.len);
+            return Ok(blocks.map(|b| QStorage::Cpu(Box::new(b))));
+        }
         if std::mem::size_of::<T>() != T::DTYPE.type_size() || piece.len % T::DTYPE.type_size() != 0 {
             return Ok(None);
         }
@@ -132,7 +137,7 @@ fn map_file(path: &Path) -> Result<Mapped> {
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     Ok(Mapped {
         path: path.to_path_buf(),
-        map,
+        map: Arc::new(map),
         #[cfg(unix)]
         file,
     })
@@ -401,7 +406,9 @@ impl WeightStore {
     }
 
     /// Materialises `piece` of a GGML-typed `entry` as a `QTensor`, which owns its blocks.
-    fn quantized_piece(&self, entry: &TensorEntry, piece: &Piece, device: &Device) -> Result<QTensor> {
+    /// With `mapped`, the blocks of a CPU tensor stay in the file's mapping (see `qtensor`);
+    /// otherwise they are read into memory the `QTensor` owns.
+    fn quantized_piece(&self, entry: &TensorEntry, piece: &Piece, device: &Device, mapped: bool) -> Result<QTensor> {
         let file = &self.files[entry.file];
         let bad = |e: String| Error::bad_tensor(&file.path, &entry.name, e);
         let StoredDType::Ggml(g) = entry.dtype else {
@@ -416,16 +423,16 @@ impl WeightStore {
             if device.is_cpu() {
                 use candle_core::quantized::k_quants::*;
                 let storage = match g {
-                    GgmlDType::Q4_0 => file.read_blocks::<BlockQ4_0>(piece),
-                    GgmlDType::Q4_1 => file.read_blocks::<BlockQ4_1>(piece),
-                    GgmlDType::Q5_0 => file.read_blocks::<BlockQ5_0>(piece),
-                    GgmlDType::Q5_1 => file.read_blocks::<BlockQ5_1>(piece),
-                    GgmlDType::Q8_0 => file.read_blocks::<BlockQ8_0>(piece),
-                    GgmlDType::Q2K => file.read_blocks::<BlockQ2K>(piece),
-                    GgmlDType::Q3K => file.read_blocks::<BlockQ3K>(piece),
-                    GgmlDType::Q4K => file.read_blocks::<BlockQ4K>(piece),
-                    GgmlDType::Q5K => file.read_blocks::<BlockQ5K>(piece),
-                    GgmlDType::Q6K => file.read_blocks::<BlockQ6K>(piece),
+                    GgmlDType::Q4_0 => file.blocks::<BlockQ4_0>(piece, mapped),
+                    GgmlDType::Q4_1 => file.blocks::<BlockQ4_1>(piece, mapped),
+                    GgmlDType::Q5_0 => file.blocks::<BlockQ5_0>(piece, mapped),
+                    GgmlDType::Q5_1 => file.blocks::<BlockQ5_1>(piece, mapped),
+                    GgmlDType::Q8_0 => file.blocks::<BlockQ8_0>(piece, mapped),
+                    GgmlDType::Q2K => file.blocks::<BlockQ2K>(piece, mapped),
+                    GgmlDType::Q3K => file.blocks::<BlockQ3K>(piece, mapped),
+                    GgmlDType::Q4K => file.blocks::<BlockQ4K>(piece, mapped),
+                    GgmlDType::Q5K => file.blocks::<BlockQ5K>(piece, mapped),
+                    GgmlDType::Q6K => file.blocks::<BlockQ6K>(piece, mapped),
                     _ => Ok(None),
                 }
                 .map_err(io)?;
@@ -443,6 +450,7 @@ impl WeightStore {
         }
         #[cfg(not(unix))]
         {
+            let _ = mapped;
             let bytes = &file.map[piece.start..piece.start + piece.len];
             qtensor_from_ggml(g, bytes, piece.shape.clone(), device).map_err(|e| bad(e.to_string()))
         }
@@ -455,7 +463,7 @@ impl WeightStore {
         let piece = self.piece(entry, chunk)?;
         let t = match entry.dtype.plain() {
             Some(stored) => self.plain_piece(entry, &piece, stored, device)?,
-            None => self.quantized_piece(entry, &piece, &Device::Cpu)?.dequantize(device)?,
+            None => self.quantized_piece(entry, &piece, &Device::Cpu, false)?.dequantize(device)?,
         };
         // A narrowed view would keep the whole tensor's storage alive: copy the part out.
         let t = match piece.narrow {
@@ -478,14 +486,27 @@ impl WeightStore {
     }
 
     /// Loads `name` as a block-quantized tensor when it is stored quantized (None for plain types).
-    /// Candle's `QTensor` owns its blocks (see `quantized_piece`).
+    /// On the CPU (unix) the blocks are not copied: the tensor reads them from the file's mapping,
+    /// which it keeps alive. Once Candle has repacked them for its tiled kernels, or the weight has
+    /// been used, `release_pages` takes their pages out of this process's resident memory again.
+    /// Elsewhere Candle owns a copy (or the device holds the upload).
     pub fn qtensor(&self, name: &str, device: &Device) -> Result<Option<QTensor>> {
         let (entry, chunk) = self.resolve(name).ok_or_else(|| self.err(name, "not found"))?;
         if !entry.dtype.is_quantized() || chunk.is_some() {
             return Ok(None);
         }
         let piece = self.piece(entry, None)?;
-        self.quantized_piece(entry, &piece, device).map(Some)
+        self.quantized_piece(entry, &piece, device, true).map(Some)
+    }
+
+    /// Takes every page of the weight files out of this process's resident memory. Nothing is
+    /// lost: the files are mapped read-only and shared, so a mapped quantized weight that is read
+    /// again faults its pages back in from the page cache. Call it after using mapped weights whose
+    /// bytes are not needed again (Candle's repacked kernels keep their own copy). A no-op off unix.
+    pub fn release_pages(&self) {
+        for f in &self.files {
+            f.release();
+        }
     }
 
     /// Total stored bytes of all tensors.
