@@ -1,5 +1,5 @@
 //! A linear layer whose weight is dense or kept block-quantized (QMatMul), chosen by how it is stored.
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Tensor};
 
 use crate::error::Result;
@@ -12,6 +12,17 @@ enum Weight {
     Dense(Tensor),
     /// Block-quantized `[out, in]`.
     Quantized(QMatMul),
+}
+
+/// The number of rows of the warm-up product that makes Candle repack a quantized weight: one that
+/// selects the same packing as a forward pass over an image's tokens (Q4K switches to AMX tiles from
+/// 32 rows where AMX exists; every other repacked type takes the same tiles for any row count from 4).
+fn settle_rows(dtype: GgmlDType) -> usize {
+    if dtype == GgmlDType::Q4K {
+        32
+    } else {
+        4
+    }
 }
 
 /// `y = x Wᵀ + b` over the last dimension; any number of leading dimensions.
@@ -34,7 +45,15 @@ impl Linear {
                         format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
                     ));
                 }
-                Weight::Quantized(QMatMul::from_qtensor(q)?)
+                let rows = settle_rows(q.dtype());
+                let q = QMatMul::from_qtensor(q)?;
+                if vb.device().is_cpu() {
+                    // Candle's tiled CPU kernels repack a weight on its first use and keep that copy;
+                    // do it now and let the mapped blocks go, so the weight is held once.
+                    q.forward(&Tensor::zeros((rows, in_dim), DType::F32, vb.device())?)?;
+                    vb.store().release_pages();
+                }
+                Weight::Quantized(q)
             }
             None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
         };

@@ -4,6 +4,8 @@ pub mod dtype;
 pub mod entry;
 pub mod gguf;
 pub mod limits;
+#[cfg(unix)]
+mod mapped;
 pub mod remap;
 pub mod safetensors;
 mod store;

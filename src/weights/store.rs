@@ -2,8 +2,13 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType, QTensor};
+#[cfg(unix)]
+use candle_core::quantized::{GgmlType, QStorage};
+#[cfg(unix)]
+use candle_core::WithDType;
 use candle_core::{DType, Device, Tensor};
 use memmap2::Mmap;
 
@@ -29,7 +34,79 @@ pub enum Format {
 
 struct Mapped {
     path: PathBuf,
-    map: Mmap,
+    /// Parsed for the header; on unix dense tensors are read from `file` instead (see `Mapped::read`),
+    /// and quantized CPU weights are served from it (see `WeightStore::qtensor`).
+    map: Arc<Mmap>,
+    #[cfg(unix)]
+    file: File,
+}
+
+impl Mapped {
+    /// Drops this process's resident pages of the whole map (see `WeightStore::release_pages`).
+    fn release(&self) {
+        #[cfg(unix)]
+        // SAFETY: `map` is a read-only shared file mapping (`Mmap::map`: PROT_READ, MAP_SHARED), so
+        // it holds no private or modified pages: MADV_DONTNEED only removes this process's page-table
+        // entries, and a later access faults the same file page back in from the page cache. Any
+        // borrow of the bytes (a mapped quantized weight) therefore still reads the file's contents.
+        let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+    }
+
+    /// Reads `piece` into a new `Vec<T>` of `piece.len / size_of::<T>()` elements (rounded up) with
+    /// `pread`, so the bytes are held once (in the vector) and the file's page cache is never mapped
+    /// into this process.
+    ///
+    /// # Safety
+    /// `T` must be plain data: no padding bytes, and every bit pattern a valid `T` (number types,
+    /// and GGML blocks made of f16 and integer fields).
+    #[cfg(unix)]
+    unsafe fn read<T: Clone>(&self, piece: &Piece, zero: T) -> std::io::Result<Vec<T>> {
+        use std::os::unix::fs::FileExt;
+        let size = std::mem::size_of::<T>().max(1);
+        let n = piece.len.div_ceil(size);
+        let mut v = vec![zero; n];
+        // SAFETY: `v` holds `n * size >= piece.len` initialised bytes without padding; every bit
+        // pattern is a valid `T` (the caller's promise), so overwriting them as bytes leaves valid `T`s.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), n * size) };
+        self.file.read_exact_at(&mut bytes[..piece.len], piece.start as u64)?;
+        Ok(v)
+    }
+
+    /// Reads a plain-typed `piece` (see `read`).
+    #[cfg(unix)]
+    fn read_plain<T: WithDType>(&self, piece: &Piece) -> std::io::Result<Vec<T>> {
+        // SAFETY: every `WithDType` this store reads (`u8`, `u32`, `i16`, `i32`, `i64`, `f16`,
+        // `bf16`, `f32`, `f64`) is a number type: no padding, every bit pattern valid.
+        unsafe { self.read(piece, T::zero()) }
+    }
+
+    /// The storage of a CPU `QTensor` holding `piece` as GGML blocks of type `T`: with `mapped`,
+    /// the blocks in the map itself; otherwise read straight into the vector the tensor keeps.
+    /// None when `T` is not laid out as GGUF stores it.
+    #[cfg(unix)]
+    fn blocks<T: GgmlType + Send + Sync + 'static>(&self, piece: &Piece, mapped: bool) -> std::io::Result<Option<QStorage>> {
+        if mapped {
+            let blocks = super::mapped::MappedBlocks::<T>::new(self.map.clone(), piece.start, piece.len);
+            return Ok(blocks.map(|b| QStorage::Cpu(Box::new(b))));
+        }
+        if std::mem::size_of::<T>() != T::DTYPE.type_size() || piece.len % T::DTYPE.type_size() != 0 {
+            return Ok(None);
+        }
+        // SAFETY: Candle's blocks are `repr(C)` structs of f16 and integer fields whose size equals
+        // the GGML block size (checked above), so they have no padding and any bytes are valid.
+        let blocks = unsafe { self.read(piece, T::zeros())? };
+        Ok(Some(QStorage::Cpu(Box::new(blocks))))
+    }
+}
+
+/// The bytes of a tensor (or of one dim-0 chunk of it) and the shape they hold.
+struct Piece {
+    start: usize,
+    len: usize,
+    shape: Vec<usize>,
+    /// `(offset, len)` along dim 0 still to take after loading, when the chunk is no whole run of
+    /// quantization blocks.
+    narrow: Option<(usize, usize)>,
 }
 
 /// Validated, memory-mapped access to a model's tensors, config and metadata.
@@ -50,7 +127,7 @@ impl std::fmt::Debug for WeightStore {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap> {
+fn map_file(path: &Path) -> Result<Mapped> {
     crate::fsutil::check_input_file(path)?;
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
@@ -59,7 +136,13 @@ fn map_file(path: &Path) -> Result<Mmap> {
     }
     // SAFETY: the mapping is read-only; edgerun never writes to files it has mapped. Another process
     // truncating the file underneath is outside what any mmap-based loader can guard against.
-    unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Mapped {
+        path: path.to_path_buf(),
+        map: Arc::new(map),
+        #[cfg(unix)]
+        file,
+    })
 }
 
 fn read_config(path: &Path) -> Result<serde_json::Value> {
@@ -143,8 +226,8 @@ impl WeightStore {
         let mut tensors = BTreeMap::new();
         let mut metadata = BTreeMap::new();
         for (i, p) in paths.into_iter().enumerate() {
-            let map = map_file(&p)?;
-            let header = safetensors::parse(&map, i, limits).map_err(|m| Error::bad_file(&p, m))?;
+            let mapped = map_file(&p)?;
+            let header = safetensors::parse(&mapped.map, i, limits).map_err(|m| Error::bad_file(&p, m))?;
             for (k, v) in header.metadata {
                 metadata.insert(k, MetaValue::String(v));
             }
@@ -154,15 +237,16 @@ impl WeightStore {
                 }
                 tensors.insert(t.name.clone(), t);
             }
-            files.push(Mapped { path: p, map });
+            mapped.release();
+            files.push(mapped);
         }
         let config_origin = config_path.display().to_string();
         Ok(WeightStore { root: root.to_path_buf(), format: Format::Safetensors, files, tensors, metadata, config, config_origin, remaps: vec![] })
     }
 
     fn open_gguf(path: &Path, limits: &Limits) -> Result<Self> {
-        let map = map_file(path)?;
-        let header = gguf::parse(&map, 0, limits).map_err(|m| Error::bad_file(path, m))?;
+        let mapped = map_file(path)?;
+        let header = gguf::parse(&mapped.map, 0, limits).map_err(|m| Error::bad_file(path, m))?;
         let config = match header.metadata.get(CONFIG_METADATA_KEY) {
             Some(MetaValue::String(s)) => {
                 let v: serde_json::Value = serde_json::from_str(s)
@@ -176,10 +260,11 @@ impl WeightStore {
             None => serde_json::json!({}),
         };
         let tensors = header.tensors.into_iter().map(|t| (t.name.clone(), t)).collect();
+        mapped.release();
         Ok(WeightStore {
             root: path.to_path_buf(),
             format: Format::Gguf,
-            files: vec![Mapped { path: path.to_path_buf(), map }],
+            files: vec![mapped],
             tensors,
             metadata: header.metadata,
             config,
@@ -259,7 +344,8 @@ impl WeightStore {
         &self.files[entry.file].path
     }
 
-    /// The raw stored bytes of `entry`.
+    /// The raw stored bytes of `entry`, through the map: touching them maps their pages into this
+    /// process until the store is dropped (`tensor` and `qtensor` read without mapping on unix).
     pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
         &self.files[entry.file].map[entry.start..entry.start + entry.len]
     }
@@ -278,24 +364,120 @@ impl WeightStore {
         Some((e.dtype, shape))
     }
 
+    /// The bytes and shape of `entry`, or of part `i` of `n` equal parts along dimension 0.
+    fn piece(&self, entry: &TensorEntry, chunk: Option<(usize, usize)>) -> Result<Piece> {
+        let Some((i, n)) = chunk else {
+            return Ok(Piece { start: entry.start, len: entry.len, shape: entry.shape.clone(), narrow: None });
+        };
+        let d0 = entry.shape.first().copied().unwrap_or(1);
+        if n == 0 || i >= n || d0 % n != 0 {
+            return Err(Error::bad_tensor(self.file_of(entry), &entry.name, format!("cannot split dimension {d0} into {n} parts")));
+        }
+        // Rows are stored one after another, so a dim-0 part is one contiguous byte range, unless a
+        // block-quantized part would split a block: then the whole tensor is read and narrowed.
+        let Some(len) = entry.dtype.bytes_for(entry.numel() / n).filter(|&l| l * n == entry.len) else {
+            let narrow = Some((i * d0 / n, d0 / n));
+            return Ok(Piece { start: entry.start, len: entry.len, shape: entry.shape.clone(), narrow });
+        };
+        let mut shape = entry.shape.clone();
+        if let Some(s0) = shape.first_mut() {
+            *s0 = d0 / n;
+        }
+        Ok(Piece { start: entry.start + i * len, len, shape, narrow: None })
+    }
+
+    /// Materialises `piece` of `entry` as a tensor of its stored plain type, reading it straight into
+    /// the tensor's buffer (on unix; elsewhere copied out of the map).
+    fn plain_piece(&self, entry: &TensorEntry, piece: &Piece, stored: DType, device: &Device) -> Result<Tensor> {
+        let file = &self.files[entry.file];
+        let bad = |e: String| Error::bad_tensor(&file.path, &entry.name, e);
+        #[cfg(unix)]
+        {
+            let io = |e: std::io::Error| bad(format!("cannot read its {} bytes at offset {}: {e}", piece.len, piece.start));
+            let shape = piece.shape.as_slice();
+            let t = match stored {
+                DType::U8 => Tensor::from_vec(file.read_plain::<u8>(piece).map_err(io)?, shape, device),
+                DType::U32 => Tensor::from_vec(file.read_plain::<u32>(piece).map_err(io)?, shape, device),
+                DType::I16 => Tensor::from_vec(file.read_plain::<i16>(piece).map_err(io)?, shape, device),
+                DType::I32 => Tensor::from_vec(file.read_plain::<i32>(piece).map_err(io)?, shape, device),
+                DType::I64 => Tensor::from_vec(file.read_plain::<i64>(piece).map_err(io)?, shape, device),
+                DType::F16 => Tensor::from_vec(file.read_plain::<half::f16>(piece).map_err(io)?, shape, device),
+                DType::BF16 => Tensor::from_vec(file.read_plain::<half::bf16>(piece).map_err(io)?, shape, device),
+                DType::F32 => Tensor::from_vec(file.read_plain::<f32>(piece).map_err(io)?, shape, device),
+                DType::F64 => Tensor::from_vec(file.read_plain::<f64>(piece).map_err(io)?, shape, device),
+                other => return Err(bad(format!("stored dtype {other:?} cannot be loaded"))),
+            };
+            t.map_err(|e| bad(e.to_string()))
+        }
+        #[cfg(not(unix))]
+        Tensor::from_raw_buffer(&file.map[piece.start..piece.start + piece.len], stored, &piece.shape, device)
+            .map_err(|e| bad(e.to_string()))
+    }
+
+    /// Materialises `piece` of a GGML-typed `entry` as a `QTensor`, which owns its blocks.
+    /// With `mapped`, the blocks of a CPU tensor stay in the file's mapping (see `qtensor`);
+    /// otherwise they are read into memory the `QTensor` owns.
+    fn quantized_piece(&self, entry: &TensorEntry, piece: &Piece, device: &Device, mapped: bool) -> Result<QTensor> {
+        let file = &self.files[entry.file];
+        let bad = |e: String| Error::bad_tensor(&file.path, &entry.name, e);
+        let StoredDType::Ggml(g) = entry.dtype else {
+            return Err(bad("not a GGML tensor".into()));
+        };
+        if matches!(g, GgmlDType::Q8_1 | GgmlDType::Q8K) {
+            return Err(bad(format!("{} cannot be loaded for compute", entry.dtype.name())));
+        }
+        #[cfg(unix)]
+        {
+            let io = |e: std::io::Error| bad(format!("cannot read its {} bytes at offset {}: {e}", piece.len, piece.start));
+            if device.is_cpu() {
+                use candle_core::quantized::k_quants::*;
+                let storage = match g {
+                    GgmlDType::Q4_0 => file.blocks::<BlockQ4_0>(piece, mapped),
+                    GgmlDType::Q4_1 => file.blocks::<BlockQ4_1>(piece, mapped),
+                    GgmlDType::Q5_0 => file.blocks::<BlockQ5_0>(piece, mapped),
+                    GgmlDType::Q5_1 => file.blocks::<BlockQ5_1>(piece, mapped),
+                    GgmlDType::Q8_0 => file.blocks::<BlockQ8_0>(piece, mapped),
+                    GgmlDType::Q2K => file.blocks::<BlockQ2K>(piece, mapped),
+                    GgmlDType::Q3K => file.blocks::<BlockQ3K>(piece, mapped),
+                    GgmlDType::Q4K => file.blocks::<BlockQ4K>(piece, mapped),
+                    GgmlDType::Q5K => file.blocks::<BlockQ5K>(piece, mapped),
+                    GgmlDType::Q6K => file.blocks::<BlockQ6K>(piece, mapped),
+                    _ => Ok(None),
+                }
+                .map_err(io)?;
+                if let Some(storage) = storage {
+                    return QTensor::new(storage, piece.shape.as_slice()).map_err(|e| bad(e.to_string()));
+                }
+            }
+            // Elsewhere Candle copies (or uploads) the blocks itself: read them into a 4-byte-aligned
+            // buffer (blocks hold f16/f32 fields) that lives only until then.
+            // SAFETY: u32 is a number type.
+            let words = unsafe { file.read(piece, 0u32) }.map_err(io)?;
+            // SAFETY: `words` holds at least `piece.len` initialised bytes; u8 has no alignment or validity needs.
+            let bytes = unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), piece.len) };
+            qtensor_from_ggml(g, bytes, piece.shape.clone(), device).map_err(|e| bad(e.to_string()))
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = mapped;
+            let bytes = &file.map[piece.start..piece.start + piece.len];
+            qtensor_from_ggml(g, bytes, piece.shape.clone(), device).map_err(|e| bad(e.to_string()))
+        }
+    }
+
     /// Loads `name` as a dense tensor in `dtype` on `device`, dequantizing if it is stored quantized.
+    /// Only the requested chunk is read, and it is held once (see `plain_piece`).
     pub fn tensor(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {
         let (entry, chunk) = self.resolve(name).ok_or_else(|| self.err(name, "not found"))?;
-        let path = self.file_of(entry);
+        let piece = self.piece(entry, chunk)?;
         let t = match entry.dtype.plain() {
-            Some(stored) => Tensor::from_raw_buffer(self.bytes(entry), stored, &entry.shape, device)
-                .map_err(|e| Error::bad_tensor(path, &entry.name, e.to_string()))?,
-            None => self.qtensor_of(entry, &Device::Cpu)?.dequantize(device)?,
+            Some(stored) => self.plain_piece(entry, &piece, stored, device)?,
+            None => self.quantized_piece(entry, &piece, &Device::Cpu, false)?.dequantize(device)?,
         };
-        let t = match chunk {
+        // A narrowed view would keep the whole tensor's storage alive: copy the part out.
+        let t = match piece.narrow {
+            Some((offset, len)) => t.narrow(0, offset, len)?.force_contiguous()?,
             None => t,
-            Some((i, n)) => {
-                let d0 = entry.shape.first().copied().unwrap_or(1);
-                if n == 0 || i >= n || d0 % n != 0 {
-                    return Err(Error::bad_tensor(path, &entry.name, format!("cannot split dimension {d0} into {n} parts")));
-                }
-                t.narrow(0, i * d0 / n, d0 / n)?
-            }
         };
         Ok(if t.dtype() == dtype { t } else { t.to_dtype(dtype)? })
     }
@@ -313,23 +495,27 @@ impl WeightStore {
     }
 
     /// Loads `name` as a block-quantized tensor when it is stored quantized (None for plain types).
+    /// On the CPU (unix) the blocks are not copied: the tensor reads them from the file's mapping,
+    /// which it keeps alive. Once Candle has repacked them for its tiled kernels, or the weight has
+    /// been used, `release_pages` takes their pages out of this process's resident memory again.
+    /// Elsewhere Candle owns a copy (or the device holds the upload).
     pub fn qtensor(&self, name: &str, device: &Device) -> Result<Option<QTensor>> {
         let (entry, chunk) = self.resolve(name).ok_or_else(|| self.err(name, "not found"))?;
         if !entry.dtype.is_quantized() || chunk.is_some() {
             return Ok(None);
         }
-        self.qtensor_of(entry, device).map(Some)
+        let piece = self.piece(entry, None)?;
+        self.quantized_piece(entry, &piece, device, true).map(Some)
     }
 
-    fn qtensor_of(&self, entry: &TensorEntry, device: &Device) -> Result<QTensor> {
-        let StoredDType::Ggml(g) = entry.dtype else {
-            return Err(Error::bad_tensor(self.file_of(entry), &entry.name, "not a GGML tensor"));
-        };
-        if matches!(g, GgmlDType::Q8_1 | GgmlDType::Q8K) {
-            return Err(Error::bad_tensor(self.file_of(entry), &entry.name, format!("{} cannot be loaded for compute", entry.dtype.name())));
+    /// Takes every page of the weight files out of this process's resident memory. Nothing is
+    /// lost: the files are mapped read-only and shared, so a mapped quantized weight that is read
+    /// again faults its pages back in from the page cache. Call it after using mapped weights whose
+    /// bytes are not needed again (Candle's repacked kernels keep their own copy). A no-op off unix.
+    pub fn release_pages(&self) {
+        for f in &self.files {
+            f.release();
         }
-        qtensor_from_ggml(g, self.bytes(entry), entry.shape.clone(), device)
-            .map_err(|e| Error::bad_tensor(self.file_of(entry), &entry.name, e.to_string()))
     }
 
     /// Total stored bytes of all tensors.
