@@ -134,10 +134,12 @@ fn segformer(cfg: &Value, h: u64, w: u64, elem: u64) -> Option<u64> {
     let n0 = h.div_ceil(4) * w.div_ceil(4);
     let dec = num(cfg, "decoder_hidden_size").unwrap_or(256);
     let labels = cfg.get("id2label").and_then(Value::as_object).map(|m| m.len() as u64).unwrap_or(150);
-    // Four upsampled maps, their concatenation, the fused map, logits, and logits at the input size.
-    let decode = 4 * dec * n0 + 4 * dec * n0 + dec * n0 + labels * n0 + labels * h * w;
+    // The decode head: the concatenation of the four upsampled maps, the fused map and the logits
+    // (the logits are resized to each image one image at a time, outside the batch).
+    let decode = 4 * dec * n0 + dec * n0 + labels * n0;
     let kept: u64 = hidden.iter().enumerate().map(|(i, c)| c * n0 / (1 << (2 * i))).sum();
-    Some((peak + decode + kept) * elem)
+    // The encoder's worst block and the decode head do not overlap in time.
+    Some((peak.max(decode) + kept) * elem)
 }
 
 /// What a loaded model needs to estimate its per-item activations.
