@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Seeds and runs every fuzz target for a bounded time: fuzz/run.sh [seconds per target, default 120].
-# Seeds: corpus-seeds/<target> (tiny valid files; regenerate from the repository root with
-# `cargo run --example fuzz_seeds`; `cargo test --test malformed` checks they are current).
+# Seeds: corpus-seeds/<target> (tiny valid files; the weight-file ones are regenerated from the
+# repository root with `cargo run --example fuzz_seeds`, and `cargo test --test malformed` checks they are
+# current; config_model seeds are a model-pick byte + a JSON patch of that model's config, npy_reader
+# seeds small .npy files). Dictionaries: dicts/<target>.dict when present.
 # Needs a nightly toolchain and cargo-fuzz (`cargo +nightly install cargo-fuzz`). Fails on a crash.
 set -uo pipefail
 cd "$(dirname "$0")"
 secs="${1:-120}"
 status=0
-for t in safetensors_header gguf_header store_load; do
+for t in safetensors_header gguf_header store_load config_model npy_reader; do
     echo "== $t (${secs}s)"
     log="artifacts/$t.log"
     mkdir -p artifacts "corpus/$t"
-    cargo +nightly fuzz run -O -a "$t" "corpus/$t" "corpus-seeds/$t" -- -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1
+    dict=()
+    [ -f "dicts/$t.dict" ] && dict=(-dict="dicts/$t.dict")
+    cargo +nightly fuzz run -O -a "$t" "corpus/$t" "corpus-seeds/$t" -- -max_total_time="$secs" -max_len=8192 -timeout=10 -rss_limit_mb=2048 "${dict[@]}" >"$log" 2>&1
     rc=$?
     grep -E "^#[0-9]+\s+(INITED|DONE)|Done [0-9]+ runs" "$log" | tail -2
     if [ $rc -ne 0 ]; then

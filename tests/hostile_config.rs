@@ -222,4 +222,8 @@ fn annotate_numbers_are_bounded_before_anything_is_created() {
         assert!(edgerun::annotate::run(&opts).is_err(), "{toml}");
         assert!(!output.exists(), "{toml}: a refused config created {}", output.display());
     }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("annotate.toml");
+    std::fs::write(&file, "prefetch = 1000000000\n").unwrap();
+    assert_names(&Config::load(&file).unwrap().validate().unwrap_err().to_string(), &["annotate.toml", "`prefetch`", "1000000000", "1024"]);
 }

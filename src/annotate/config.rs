@@ -271,6 +271,9 @@ pub struct Config {
     /// Directory relative model / class-map paths are resolved against (the config file's).
     #[serde(skip)]
     pub base_dir: PathBuf,
+    /// The file the configuration was read from (named in validation errors), if any.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 fn f16() -> FloatFormat { FloatFormat::F16 }
@@ -347,6 +350,7 @@ impl Default for Config {
             segmentation: seg_stage(),
             chm: chm_stage(),
             base_dir: PathBuf::from("."),
+            source: None,
         }
     }
 }
@@ -455,10 +459,12 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self> {
         let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;
         let base = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        Self::from_toml(&text, base).map_err(|e| match e {
+        let mut c = Self::from_toml(&text, base).map_err(|e| match e {
             Error::Config(m) => Error::bad_file(path, m),
             other => other,
-        })
+        })?;
+        c.source = Some(path.to_path_buf());
+        Ok(c)
     }
 
     /// The stages to run, deduplicated, in pipeline order.
@@ -557,6 +563,13 @@ impl Config {
 
     /// Checks values that serde cannot.
     pub fn validate(&self) -> Result<()> {
+        self.check().map_err(|e| match &self.source {
+            Some(p) => crate::config_check::in_file(&p.display().to_string(), e),
+            None => e,
+        })
+    }
+
+    fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.stages.is_empty() {
             return bad("`stages` is empty".into());
