@@ -798,17 +798,24 @@ fn single_bit_flips_never_panic() {
     }
 }
 
-/// The committed seed corpus (fuzz/corpus-seeds) is what `cargo run --example fuzz_seeds` writes
-/// today: every seed present, byte for byte, nothing else there, each tiny and valid for its target.
+/// The committed seeds of the weight-file targets (fuzz/corpus-seeds) are what `cargo run --example
+/// fuzz_seeds` writes today: every seed present, byte for byte, nothing else there, each tiny and
+/// valid for its target.
 #[test]
 fn committed_fuzz_seeds_are_current_and_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus-seeds");
     let seeds = fuzz_seeds();
     let mut want: Vec<String> = seeds.iter().map(|(t, n, _)| format!("{t}/{n}")).collect();
     want.sort();
+    // The weight-file targets' seeds are generated; other targets' seeds (config_model, npy_reader)
+    // are written by hand.
+    let generated: std::collections::BTreeSet<&str> = seeds.iter().map(|(t, _, _)| *t).collect();
     let mut have = Vec::new();
     for t in std::fs::read_dir(&root).unwrap() {
         let t = t.unwrap();
+        if !generated.contains(t.file_name().to_string_lossy().as_ref()) {
+            continue;
+        }
         for f in std::fs::read_dir(t.path()).unwrap() {
             have.push(format!("{}/{}", t.file_name().to_string_lossy(), f.unwrap().file_name().to_string_lossy()));
         }
