@@ -29,6 +29,9 @@ struct VitDpt {
     fusion: u64,
     head: u64,
     out_channels: u64,
+    /// Full-resolution maps of `out_channels` alive after the head (CHMv2 turns its bins into
+    /// heights through a softmax and a weighted sum: two more such maps).
+    post_maps: u64,
 }
 
 impl VitDpt {
@@ -47,7 +50,7 @@ impl VitDpt {
         let neck: u64 = self.neck.iter().zip(areas).map(|(&c, a)| (c + self.fusion) * a).sum();
         // Fusion upsamples to 8× the grid; the head works at the input resolution.
         let fusion = 2 * self.fusion * grid * 64;
-        let head = 2 * (self.fusion / 2) * h * w + 2 * self.head * h * w + self.out_channels * h * w;
+        let head = 2 * (self.fusion / 2) * h * w + 2 * self.head * h * w + (1 + self.post_maps) * self.out_channels * h * w;
         (backbone + neck + fusion + head) * elem
     }
 }
@@ -67,6 +70,7 @@ fn da2(cfg: &Value) -> Option<VitDpt> {
         fusion: num(cfg, "fusion_hidden_size").unwrap_or(64),
         head: num(cfg, "head_hidden_size").unwrap_or(32),
         out_channels: 1,
+        post_maps: 0,
     })
 }
 
@@ -84,6 +88,7 @@ fn chmv2(cfg: &Value) -> Option<VitDpt> {
         fusion: num(cfg, "fusion_hidden_size").unwrap_or(256),
         head: num(cfg, "head_hidden_size").unwrap_or(128),
         out_channels: num(cfg, "number_output_channels").unwrap_or(256),
+        post_maps: 2,
     })
 }
 
@@ -110,6 +115,7 @@ fn da3(cfg: &Value) -> Option<VitDpt> {
         fusion: head.features as u64,
         head: 32,
         out_channels: head.output_dim as u64,
+        post_maps: 0,
     })
 }
 
