@@ -14,6 +14,7 @@ pub mod progress;
 pub mod nn;
 pub mod quantize;
 pub mod tasks;
+pub mod tiling;
 pub mod tensor_io;
 pub mod walk;
 pub mod weights;
