@@ -1,18 +1,21 @@
-//! `edgerun chm --model M [--batch N] <images or dirs…> --out DIR`: canopy height (CHMv2).
+//! `edgerun chm --model M [--batch N] [--tile PX --overlap PX] <images or dirs…> --out DIR`: canopy height (CHMv2).
 use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
-use edgerun::imageio::{load_rgb, write_npy_f16, ImageLimits};
+use edgerun::imageio::{write_npy_f16, ImageLimits};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
+use edgerun::tiling::models::{ChmTiles, CHM_DEFAULT};
+use edgerun::tiling::Output;
 use image::RgbImage;
 
 use super::common::{check_count, compute, usage};
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::tiled::{self, Loaded};
 
 /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
 #[derive(FromArgs, Debug)]
@@ -33,9 +36,16 @@ pub struct Args {
     /// compute dtype of the DPT head when it should differ from --dtype (e.g. `--dtype f16 --head-dtype f32`)
     #[argh(option)]
     head_dtype: Option<String>,
-    /// do not write `<stem>.chm.tif` for GeoTIFF inputs
+    /// do not write `<stem>.chm.tif` for GeoTIFF inputs (tiled inputs always get it: it is their only output)
     #[argh(switch)]
     no_geotiff: bool,
+    /// tiled inference, tile side in pixels: 0 = off; default: 416-px tiles for GeoTIFFs over 4096 px per
+    /// side and TIFFs over the image limits, which then get only `<stem>.chm.tif` (tiled GeoTIFF)
+    #[argh(option)]
+    tile: Option<usize>,
+    /// overlap between tiles in pixels (default 64, at most half the tile)
+    #[argh(option)]
+    overlap: Option<usize>,
     /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
     #[argh(switch)]
     fail_fast: bool,
@@ -90,6 +100,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => dtype,
     };
     let precision = Precision { backbone: dtype, head };
+    let req = tiled::request(a.tile, a.overlap, CHM_DEFAULT)?;
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
     create_out_dir(&a.out)?;
@@ -97,11 +108,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     run_items(
         &spec,
         &items,
-        |it| Ok(load_rgb(&it.path, &limits)?),
-        |its, imgs| {
-            let labels: Vec<String> = its.iter().map(|it| it.path.display().to_string()).collect();
-            est.predict(imgs, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+        |it| tiled::load(it, req, CHM_DEFAULT, &limits),
+        |its, loaded| {
+            let labels: Vec<String> = its.iter().zip(loaded).filter(|(_, l)| matches!(l, Loaded::Image(_))).map(|(it, _)| it.path.display().to_string()).collect();
+            tiled::predict_images(loaded, |imgs| {
+                est.predict(imgs, &labels, a.batch).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+            })
         },
-        |it, img, m| write_outputs(&a, it, img, &m),
+        |it, loaded, m| match (loaded, m) {
+            (Loaded::Image(img), Some(m)) => write_outputs(&a, it, img, &m),
+            (Loaded::Tiled(t, o), _) => {
+                let model = ChmTiles { est: &est, batch: a.batch };
+                // Heights where the source is no-data get its GDAL_NODATA value, as untiled.
+                let output = Output::Float { nodata: None };
+                tiled::run("chm", &a.out, it, ".chm.tif", &model, &output, (*t, *o), a.batch)
+                    .with_context(|| format!("tiled canopy height failed ({})", precision_name(precision)))
+            }
+            (Loaded::Image(_), None) => anyhow::bail!("no canopy height for an image (a bug)"),
+        },
     )
 }

@@ -1,17 +1,20 @@
-//! `edgerun depth --model M [--batch N] <images or dirs…> --out DIR`.
+//! `edgerun depth --model M [--batch N] [--tile PX --overlap PX] <images or dirs…> --out DIR`.
 use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
-use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::da3::{Da3Kind, SKY_THRESHOLD};
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
+use edgerun::tiling::models::{depth_default, DepthTiles};
+use edgerun::tiling::Output;
 
 use super::common::{check_count, compute, usage};
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::tiled::{self, Loaded};
 
 /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
 #[derive(FromArgs, Debug)]
@@ -39,6 +42,14 @@ pub struct Args {
     /// the focal rescaled to the network input size; required for DA3Metric, ignored otherwise)
     #[argh(option)]
     focal: Option<f32>,
+    /// tiled inference, tile side in pixels: 0 = off; default: the model's input size (518 DA-V2,
+    /// 504 DA3) for GeoTIFFs over 4096 px per side and TIFFs over the image limits, which then get only
+    /// `<stem>.depth.tif` (float32 tiled GeoTIFF; relative depth aligned across tiles)
+    #[argh(option)]
+    tile: Option<usize>,
+    /// overlap between tiles in pixels (default 96, at most half the tile)
+    #[argh(option)]
+    overlap: Option<usize>,
     /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
     #[argh(switch)]
     fail_fast: bool,
@@ -110,13 +121,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     usage(est.da3_kind() != Some(Da3Kind::Metric) || a.focal.is_some(), || {
         format!("{} is a DA3Metric model: pass --focal <pixels> (the input images' focal length) to get metric depth", a.model.display())
     })?;
+    let default = depth_default(&est);
+    let req = tiled::request(a.tile, a.overlap, default)?;
     create_out_dir(&a.out)?;
     let limits = ImageLimits::default();
     run_items(
         &spec,
         &items,
-        |it| Ok(load_rgb(&it.path, &limits)?),
-        |_, imgs| Ok(est.predict_all(imgs, a.batch)?),
-        |it, _, p| write_outputs(&a, it, &compute_outputs(&a, p)?),
+        |it| tiled::load(it, req, default, &limits),
+        |_, loaded| tiled::predict_images(loaded, |imgs| Ok(est.predict_all(imgs, a.batch)?)),
+        |it, loaded, p| match (loaded, p) {
+            (Loaded::Image(_), Some(p)) => write_outputs(&a, it, &compute_outputs(&a, p)?),
+            (Loaded::Tiled(t, o), _) => {
+                let output = Output::Float { nodata: Some(f32::NAN) };
+                tiled::run("depth", &a.out, it, ".depth.tif", &DepthTiles { est: &est, batch: a.batch }, &output, (*t, *o), a.batch)
+            }
+            (Loaded::Image(_), None) => anyhow::bail!("no depth for an image (a bug)"),
+        },
     )
 }

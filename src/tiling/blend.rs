@@ -21,6 +21,8 @@ pub enum Output {
     Classes {
         /// Output id per checkpoint class.
         lut: Vec<u8>,
+        /// Text for the TIFF ImageDescription (e.g. the class table as JSON).
+        description: Option<String>,
     },
 }
 
@@ -126,7 +128,7 @@ impl RowBlender {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
             }
-            Output::Classes { lut } => {
+            Output::Classes { lut, .. } => {
                 for x in 0..self.width {
                     if masked(x) {
                         out.push(CLASS_NODATA);

@@ -61,7 +61,7 @@ pub fn run_tiled(
     let channels = model.channels();
     match output {
         Output::Float { .. } if channels != 1 => return Err(Error::Input(format!("a float output needs one plane, the model gives {channels}"))),
-        Output::Classes { lut } if lut.len() != channels => {
+        Output::Classes { lut, .. } if lut.len() != channels => {
             return Err(Error::Input(format!("the class map covers {} classes, the model gives {channels}", lut.len())))
         }
         _ => {}
@@ -69,6 +69,9 @@ pub fn run_tiled(
     let output = &output.resolved(geo.and_then(|g| g.nodata()));
     let nodata = src.has_mask().then(|| output.nodata_text());
     let mut writer = TiledTiffWriter::create(dest, width, height, output.kind(), geo, nodata.as_deref(), opts.writer)?;
+    if let Output::Classes { description: Some(d), .. } = output {
+        writer.set_description(d);
+    }
     let block = writer.block();
     let stripe_list = stripes(width, opts.max_stripe, block);
     let total: usize = stripe_list.iter().map(|&(a, b)| plan.columns_touching(a, b).len() * plan.ys.len()).sum();

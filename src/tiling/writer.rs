@@ -69,6 +69,7 @@ pub struct TiledTiffWriter {
 }
 
 const TYPE_SHORT: u16 = 3;
+const IMAGE_DESCRIPTION: u16 = 270;
 const TYPE_LONG: u16 = 4;
 const TYPE_LONG8: u16 = 16;
 
@@ -143,6 +144,14 @@ impl TiledTiffWriter {
             pos: header.len() as u64,
             scratch: Vec::new(),
         })
+    }
+
+    /// Sets the ImageDescription (tag 270) text.
+    pub fn set_description(&mut self, text: &str) {
+        let mut bytes: Vec<u8> = text.bytes().filter(|&b| b != 0).collect();
+        bytes.push(0);
+        self.tags.retain(|t| t.code != IMAGE_DESCRIPTION);
+        self.tags.push(RawTag { code: IMAGE_DESCRIPTION, field_type: 2, count: bytes.len() as u64, bytes });
     }
 
     /// Whether the file is a BigTIFF.
