@@ -121,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 let model = ChmTiles { est: &est, batch: a.batch };
                 // Heights where the source is no-data get its GDAL_NODATA value, as untiled.
                 let output = Output::Float { nodata: None };
-                tiled::run("chm", &a.out, it, ".chm.tif", &model, &output, (*t, *o), a.batch)
+                tiled::run(&spec, &a.out, it, ".chm.tif", &model, &output, (*t, *o))
                     .with_context(|| format!("tiled canopy height failed ({})", precision_name(precision)))
             }
             (Loaded::Image(_), None) => anyhow::bail!("no canopy height for an image (a bug)"),

@@ -134,7 +134,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             (Loaded::Image(_), Some(p)) => write_outputs(&a, it, &compute_outputs(&a, p)?),
             (Loaded::Tiled(t, o), _) => {
                 let output = Output::Float { nodata: Some(f32::NAN) };
-                tiled::run("depth", &a.out, it, ".depth.tif", &DepthTiles { est: &est, batch: a.batch }, &output, (*t, *o), a.batch)
+                tiled::run(&spec, &a.out, it, ".depth.tif", &DepthTiles { est: &est, batch: a.batch }, &output, (*t, *o))
             }
             (Loaded::Image(_), None) => anyhow::bail!("no depth for an image (a bug)"),
         },

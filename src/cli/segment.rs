@@ -105,7 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         |it, loaded, ids| {
             let (img, ids) = match (loaded, ids) {
                 (Loaded::Image(img), Some(ids)) => (img, ids),
-                (Loaded::Tiled(t, o), _) => return tiled::run("segment", &a.out, it, ".seg.tif", &SegTiles { seg: &seg }, &tiled_output, (*t, *o), a.batch),
+                (Loaded::Tiled(t, o), _) => return tiled::run(&spec, &a.out, it, ".seg.tif", &SegTiles { seg: &seg }, &tiled_output, (*t, *o)),
                 (Loaded::Image(_), None) => anyhow::bail!("no classes for an image (a bug)"),
             };
             let (w, h) = img.dimensions();

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use edgerun::imageio::{load_rgb, ImageLimits};
 use edgerun::inputs::InputItem;
-use edgerun::progress::log;
+use edgerun::progress::{log, Mode};
 use edgerun::tiling::{decide, tile_file, Output, TileModel, TileRequest, TilingOptions};
 use image::RgbImage;
 
 use super::common::UsageError;
-use super::run_inputs::output_path;
+use super::run_inputs::{output_path, RunSpec};
 
 /// An input as the run loop holds it: decoded, or to be tiled with `(tile, overlap)`.
 pub enum Loaded {
@@ -43,25 +43,26 @@ pub fn predict_images<P>(loaded: &[&Loaded], predict: impl FnOnce(&[&RgbImage]) 
     loaded.iter().map(|l| Ok(if matches!(l, Loaded::Image(_)) { Some(out.next().context("no result for an image")?) } else { None })).collect()
 }
 
-/// Runs one input in `(tile, overlap)` tiles into `OUT/<stem><suffix>`, logging progress every 10 s.
-#[allow(clippy::too_many_arguments)]
+/// Runs one input in `(tile, overlap)` tiles of `spec.batch` per forward pass into
+/// `OUT/<stem><suffix>`, logging progress every 10 s (unless `--progress none`) and a summary line.
 pub fn run(
-    command: &str,
+    spec: &RunSpec,
     out: &std::path::Path,
     it: &InputItem,
     suffix: &str,
     model: &dyn TileModel,
     output: &Output,
     (tile, overlap): (usize, usize),
-    batch: usize,
 ) -> anyhow::Result<()> {
+    let command = spec.command;
     let dest = output_path(out, it, suffix)?;
     let mut opts = TilingOptions::new(tile, overlap);
-    opts.batch = batch;
+    opts.batch = spec.batch;
     let mut last = Instant::now();
     let name = it.path.display().to_string();
+    let quiet = spec.progress == Mode::None;
     let mut progress = |done: usize, total: usize| {
-        if last.elapsed() >= Duration::from_secs(10) {
+        if !quiet && last.elapsed() >= Duration::from_secs(10) {
             last = Instant::now();
             log(command, &format!("{name}: {done}/{total} tiles"));
         }
