@@ -16,6 +16,7 @@ pub mod nn;
 pub mod paths;
 pub mod quantize;
 pub mod tasks;
+pub mod tiling;
 pub mod tensor_io;
 pub mod memory;
 pub mod walk;

@@ -154,6 +154,13 @@ pub struct ModelStage {
     /// CHM: compute dtype of the DPT head when it should differ from `dtype` (e.g. f16 backbone, f32 head).
     #[serde(default)]
     pub head_dtype: Option<String>,
+    /// Tiled inference tile side in pixels (0 = off), as `--tile` of the direct commands; parsed and
+    /// checked, not yet applied by `annotate`.
+    #[serde(default)]
+    pub tile: Option<usize>,
+    /// Overlap between tiles in pixels, as `--overlap`; parsed and checked, not yet applied.
+    #[serde(default)]
+    pub overlap: Option<usize>,
 }
 
 /// Settings of the edges stage.
@@ -309,6 +316,8 @@ fn model_stage(model: &str) -> ModelStage {
         input_size: vec![],
         geotiff: true,
         head_dtype: None,
+        tile: None,
+        overlap: None,
     }
 }
 fn depth_stage() -> ModelStage { model_stage("models/depth-anything-v2-small") }
@@ -424,6 +433,9 @@ fallback = []
 # dtype = "f16"       # overrides the top-level dtype for this stage
 format = "f16"        # .npy element type: "f16" or "f32"
 visualize = false     # also write a colour-mapped <name>.viz.png
+# tile = 518          # tiled inference (as `edgerun depth --tile`): tile side in px, 0 = off;
+# overlap = 96        # overlap in px. Checked, but annotate does not tile yet: use the direct commands
+#                     # for rasters over the limits (see docs/tiling.md). Also in [segmentation] and [chm].
 
 [edges]
 format = "f16"
@@ -447,7 +459,27 @@ geotiff = true        # also write <name>.tif (float32, the input's georeferenci
 # head_dtype = "f32"  # DPT-head dtype when it should differ from dtype (e.g. dtype = "f16" on a GPU)
 "#;
 
+/// Checks a stage's `tile` / `overlap`: a tile of 0 (off) or within the tiling limits, an overlap
+/// at most half the tile.
+fn check_tiling(tile: Option<usize>, overlap: Option<usize>) -> std::result::Result<(), String> {
+    let msg = |e: Error| e.to_string().trim_start_matches("input: ").to_string();
+    match (tile, overlap) {
+        (Some(0), _) | (None, None) => Ok(()),
+        (Some(t), o) => crate::tiling::plan::check_tile(t, o.unwrap_or(0)).map_err(msg),
+        (None, Some(o)) => crate::tiling::plan::check_tile(crate::tiling::plan::MAX_TILE, o).map_err(msg),
+    }
+}
+
 impl Config {
+    /// Notes to print at the start of a run: stages whose `tile` is set (not applied by annotate yet).
+    pub fn tiling_notes(&self) -> Vec<String> {
+        [StageKind::Depth, StageKind::Segmentation, StageKind::Chm]
+            .into_iter()
+            .filter(|k| self.stage_list().contains(k) && self.model_stage(*k).is_some_and(|s| s.tile.is_some_and(|t| t > 0)))
+            .map(|k| format!("[{}] tile is set but annotate does not run tiled inference yet; use `edgerun {} --tile` for large rasters", k.name(), if k == StageKind::Segmentation { "segment" } else { k.name() }))
+            .collect()
+    }
+
     /// Parses TOML text; relative paths will resolve against `base_dir`.
     pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
         let mut c: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
@@ -607,6 +639,11 @@ impl Config {
             _ => return bad("[segmentation] input_size must be [] or [height, width]".into()),
         }
         crate::device::parse_dtype(&self.dtype).map_err(|e| Error::Config(e.to_string()))?;
+        for k in [StageKind::Depth, StageKind::Segmentation, StageKind::Chm] {
+            if let Some(s) = self.model_stage(k) {
+                check_tiling(s.tile, s.overlap).map_err(|m| Error::Config(format!("[{}] {m}", k.name())))?;
+            }
+        }
         for k in self.stage_list() {
             if k.has_model() {
                 for m in self.model_chain(k)? {
@@ -643,5 +680,18 @@ mod tests {
         assert_eq!(chain.iter().map(|m| m.path.clone()).collect::<Vec<_>>(), vec![PathBuf::from("/cfg/a"), PathBuf::from("/cfg/b"), PathBuf::from("/c")]);
         assert_eq!(chain[2].device, "cpu");
         assert!(Config::from_toml("batchsize = 3", Path::new(".")).is_err());
+    }
+
+    #[test]
+    fn tile_and_overlap_are_parsed_and_checked() {
+        let c = Config::from_toml("stages = [\"chm\"]\n[chm]\nmodel = \"m\"\ntile = 416\noverlap = 64\n", Path::new(".")).unwrap();
+        assert_eq!((c.chm.tile, c.chm.overlap), (Some(416), Some(64)));
+        c.validate().unwrap();
+        assert_eq!(c.tiling_notes().len(), 1);
+        for (text, want) in [("[chm]\ntile = 8", "tile size 8"), ("[depth]\ntile = 100\noverlap = 60", "more than half"), ("[segmentation]\noverlap = 9000", "overlap 9000")] {
+            let e = Config::from_toml(text, Path::new(".")).unwrap().validate().unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        assert!(Config::from_toml("[chm]\ntile = 0", Path::new(".")).unwrap().validate().is_ok());
     }
 }

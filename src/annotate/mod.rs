@@ -124,6 +124,10 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
     };
 
+    for n in cfg.tiling_notes() {
+        say(&n);
+    }
+
     // Inputs.
     let listing = list_inputs(&opts.input, &cfg.extensions, Some(&out_c), cfg.fingerprint, &mdir.join(format!("filelist{tag}.json")), opts.rescan)?;
     for w in &listing.warnings {

@@ -1,19 +1,22 @@
-//! `edgerun chm --model M [--batch N] <images or dirs…> --out DIR`: canopy height (CHMv2).
+//! `edgerun chm --model M [--batch N] [--tile PX --overlap PX] <images or dirs…> --out DIR`: canopy height (CHMv2).
 use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
-use edgerun::imageio::{load_rgb, write_npy_f16, ImageLimits};
+use edgerun::imageio::{write_npy_f16, ImageLimits};
 use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
+use edgerun::tiling::models::{ChmTiles, CHM_DEFAULT};
+use edgerun::tiling::Output;
 use image::RgbImage;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::tiled::{self, Loaded};
 
 /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
 #[derive(FromArgs, Debug)]
@@ -39,9 +42,16 @@ pub struct Args {
     /// compute dtype of the DPT head when it should differ from --dtype (e.g. `--dtype f16 --head-dtype f32`)
     #[argh(option)]
     head_dtype: Option<String>,
-    /// do not write `<stem>.chm.tif` for GeoTIFF inputs
+    /// do not write `<stem>.chm.tif` for GeoTIFF inputs (tiled inputs always get it: it is their only output)
     #[argh(switch)]
     no_geotiff: bool,
+    /// tiled inference, tile side in pixels: 0 = off; default: 416-px tiles for GeoTIFFs over 4096 px per
+    /// side and TIFFs over the image limits, which then get only `<stem>.chm.tif` (tiled GeoTIFF)
+    #[argh(option)]
+    tile: Option<usize>,
+    /// overlap between tiles in pixels (default 64, at most half the tile)
+    #[argh(option)]
+    overlap: Option<usize>,
     /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
     #[argh(switch)]
     fail_fast: bool,
@@ -95,6 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => dtype,
     };
     let precision = Precision { backbone: dtype, head };
+    let req = tiled::request(a.tile, a.overlap, CHM_DEFAULT)?;
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
     create_out_dir(&a.out)?;
@@ -104,12 +115,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     run_items(
         &spec,
         &items,
-        |it| Ok(load_rgb(&it.path, &limits)?),
-        |img| est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-        |its, imgs| {
-            let labels: Vec<String> = its.iter().map(|it| it.path.display().to_string()).collect();
-            est.predict(imgs, &labels, imgs.len()).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+        |it| tiled::load(it, req, CHM_DEFAULT, &limits),
+        |l| match l {
+            Loaded::Image(img) => est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
+            Loaded::Tiled(..) => None,
         },
-        |it, img, m| write_outputs(&a, it, img, &m),
+        |its, loaded| {
+            let labels: Vec<String> = its.iter().zip(loaded).filter(|(_, l)| matches!(l, Loaded::Image(_))).map(|(it, _)| it.path.display().to_string()).collect();
+            tiled::predict_images(loaded, |imgs| {
+                est.predict(imgs, &labels, imgs.len()).with_context(|| format!("canopy height failed ({})", precision_name(precision)))
+            })
+        },
+        |it, loaded, m| match (loaded, m) {
+            (Loaded::Image(img), Some(m)) => write_outputs(&a, it, img, &m),
+            (Loaded::Tiled(t, o), _) => {
+                let batch = tile_batch(&spec, est.activation_bytes(&RgbImage::new(*t as u32, *t as u32)));
+                let model = ChmTiles { est: &est, batch };
+                // Heights where the source is no-data get its GDAL_NODATA value, as untiled.
+                let output = Output::Float { nodata: None };
+                tiled::run(&spec, &a.out, it, ".chm.tif", &model, &output, (*t, *o), batch)
+                    .with_context(|| format!("tiled canopy height failed ({})", precision_name(precision)))
+            }
+            (Loaded::Image(_), None) => anyhow::bail!("no canopy height for an image (a bug)"),
+        },
     )
 }

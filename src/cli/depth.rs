@@ -1,18 +1,21 @@
-//! `edgerun depth --model M [--batch N] <images or dirs…> --out DIR`.
+//! `edgerun depth --model M [--batch N] [--tile PX --overlap PX] <images or dirs…> --out DIR`.
 use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
-use edgerun::imageio::{colormap::colorize, load_rgb, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::da3::{Da3Kind, SKY_THRESHOLD};
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
+use edgerun::tiling::models::{depth_default, DepthTiles};
+use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::tiled::{self, Loaded};
 
 /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
 #[derive(FromArgs, Debug)]
@@ -45,6 +48,14 @@ pub struct Args {
     /// the focal rescaled to the network input size; required for DA3Metric, ignored otherwise)
     #[argh(option)]
     focal: Option<f32>,
+    /// tiled inference, tile side in pixels: 0 = off; default: the model's input size (518 DA-V2,
+    /// 504 DA3) for GeoTIFFs over 4096 px per side and TIFFs over the image limits, which then get only
+    /// `<stem>.depth.tif` (float32 tiled GeoTIFF; relative depth aligned across tiles)
+    #[argh(option)]
+    tile: Option<usize>,
+    /// overlap between tiles in pixels (default 96, at most half the tile)
+    #[argh(option)]
+    overlap: Option<usize>,
     /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
     #[argh(switch)]
     fail_fast: bool,
@@ -115,6 +126,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     usage(est.da3_kind() != Some(Da3Kind::Metric) || a.focal.is_some(), || {
         format!("{} is a DA3Metric model: pass --focal <pixels> (the input images' focal length) to get metric depth", a.model.display())
     })?;
+    let default = depth_default(&est);
+    let req = tiled::request(a.tile, a.overlap, default)?;
     create_out_dir(&a.out)?;
     let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
     let spec = RunSpec { command: "depth", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
@@ -122,9 +135,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     run_items(
         &spec,
         &items,
-        |it| Ok(load_rgb(&it.path, &limits)?),
-        |img| est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-        |_, imgs| Ok(est.predict_all(imgs, imgs.len())?),
-        |it, _, p| write_outputs(&a, it, &compute_outputs(&a, p)?),
+        |it| tiled::load(it, req, default, &limits),
+        |l| match l {
+            Loaded::Image(img) => est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
+            Loaded::Tiled(..) => None,
+        },
+        |_, loaded| tiled::predict_images(loaded, |imgs| Ok(est.predict_all(imgs, imgs.len())?)),
+        |it, loaded, p| match (loaded, p) {
+            (Loaded::Image(_), Some(p)) => write_outputs(&a, it, &compute_outputs(&a, p)?),
+            (Loaded::Tiled(t, o), _) => {
+                let output = Output::Float { nodata: Some(f32::NAN) };
+                let batch = tile_batch(&spec, est.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32)));
+                tiled::run(&spec, &a.out, it, ".depth.tif", &DepthTiles { est: &est, batch }, &output, (*t, *o), batch)
+            }
+            (Loaded::Image(_), None) => anyhow::bail!("no depth for an image (a bug)"),
+        },
     )
 }

@@ -11,6 +11,7 @@ mod lgatr;
 mod quantize;
 mod run_inputs;
 mod segment;
+mod tiled;
 
 pub use common::is_broken_pipe;
 

@@ -42,6 +42,15 @@ pub fn output_path(out: &Path, item: &InputItem, suffix: &str) -> anyhow::Result
     Ok(p)
 }
 
+/// Tiles per forward pass for a tiled input: `--batch N`, or under `auto` the budget over the
+/// model's estimate for one tile (`per_tile`).
+pub fn tile_batch(spec: &RunSpec, per_tile: Option<u64>) -> usize {
+    match spec.batch {
+        BatchSetting::Fixed(n) => n,
+        BatchSetting::Auto => per_tile.map_or(1, |b| spec.budget.batch_for(BatchSetting::Auto, b)),
+    }
+}
+
 /// Creates the output directory.
 pub fn create_out_dir(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))

@@ -1,19 +1,23 @@
-//! `edgerun segment --model M [--classes map.toml] [--palette] <images or dirs…> --out DIR`.
+//! `edgerun segment --model M [--classes map.toml] [--palette] [--tile PX --overlap PX] <images or dirs…> --out DIR`.
 //!
 //! Writes `<stem>.seg.png` (8-bit grayscale class ids, lossless; metadata `edgerun:classes` holds the
 //! class names and, with `--classes`, the checkpoint labels each output class takes) and, with
-//! `--palette`, `<stem>.seg.color.png`.
+//! `--palette`, `<stem>.seg.color.png`. A tiled input gets `<stem>.seg.tif` instead (uint8 tiled
+//! GeoTIFF, 255 where the source is no-data, the same class table as its ImageDescription).
 use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
-use edgerun::imageio::{load_rgb, write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
 use edgerun::models::segformer::{ClassMap, Segmenter};
+use edgerun::tiling::models::{seg_default, SegTiles};
+use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::tiled::{self, Loaded};
 
 /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids), mirroring the input tree under --out.
 #[derive(FromArgs, Debug)]
@@ -45,6 +49,14 @@ pub struct Args {
     /// output directory (required); a directory input's tree is mirrored under it
     #[argh(option)]
     out: PathBuf,
+    /// tiled inference, tile side in pixels: 0 = off; default: the network input size (512) for
+    /// GeoTIFFs over 4096 px per side and TIFFs over the image limits, which then get only
+    /// `<stem>.seg.tif` (uint8 tiled GeoTIFF; logits blended across tiles)
+    #[argh(option)]
+    tile: Option<usize>,
+    /// overlap between tiles in pixels (default 64, at most half the tile)
+    #[argh(option)]
+    overlap: Option<usize>,
     /// stop at the first input that fails (default: report it, go on, exit 2 at the end)
     #[argh(switch)]
     fail_fast: bool,
@@ -89,13 +101,27 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
     let spec = RunSpec { command: "segment", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
     let limits = ImageLimits::default();
+    let default = seg_default(&seg);
+    let req = tiled::request(a.tile, a.overlap, default)?;
+    let tiled_output = Output::Classes { lut: map.lut.clone(), description: Some(meta.clone()) };
     run_items(
         &spec,
         &items,
-        |it| Ok(load_rgb(&it.path, &limits)?),
-        |img| seg.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-        |_, imgs| Ok(seg.segment(imgs)?),
-        |it, img, ids| {
+        |it| tiled::load(it, req, default, &limits),
+        |l| match l {
+            Loaded::Image(img) => seg.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
+            Loaded::Tiled(..) => None,
+        },
+        |_, loaded| tiled::predict_images(loaded, |imgs| Ok(seg.segment(imgs)?)),
+        |it, loaded, ids| {
+            let (img, ids) = match (loaded, ids) {
+                (Loaded::Image(img), Some(ids)) => (img, ids),
+                (Loaded::Tiled(t, o), _) => {
+                    let batch = tile_batch(&spec, seg.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32)));
+                    return tiled::run(&spec, &a.out, it, ".seg.tif", &SegTiles { seg: &seg }, &tiled_output, (*t, *o), batch);
+                }
+                (Loaded::Image(_), None) => anyhow::bail!("no classes for an image (a bug)"),
+            };
             let (w, h) = img.dimensions();
             let out = map.apply(&ids)?;
             let text = [("Software", "edgerun segment"), ("edgerun:model", model_name.as_str()), ("edgerun:classes", meta.as_str())];

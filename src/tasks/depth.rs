@@ -224,6 +224,7 @@ pub struct DepthEstimator {
     outputs: Outputs,
     pre: Preprocess,
     da3: Option<Da3Kind>,
+    metric: bool,
     focal: Option<f32>,
     device: Device,
     dtype: DType,
@@ -246,9 +247,13 @@ impl DepthEstimator {
             ),
             other => return Err(Error::Config(format!("{}: `{other}` is not a depth model", path.display()))),
         };
+        let metric = match da3 {
+            Some(k) => k == Da3Kind::Metric,
+            None => store.config().get("depth_estimation_type").and_then(|v| v.as_str()) == Some("metric"),
+        };
         let footprint = Footprint::new(&arch, store.config(), dtype);
         let model = crate::models::load(store, device, dtype)?;
-        Ok(DepthEstimator { model, outputs, pre, da3, focal: None, device: device.clone(), dtype, footprint })
+        Ok(DepthEstimator { model, outputs, pre, da3, metric, focal: None, device: device.clone(), dtype, footprint })
     }
 
     /// Sets the focal length in pixels of the source images (DA3Metric: metric depth =
@@ -278,6 +283,11 @@ impl DepthEstimator {
     /// The DA3 family, when the model is a Depth Anything 3 one.
     pub fn da3_kind(&self) -> Option<Da3Kind> {
         self.da3
+    }
+
+    /// Whether the model predicts metric depth (DA-V2 metric, DA3Metric) rather than relative depth.
+    pub fn is_metric(&self) -> bool {
+        self.metric
     }
 
     /// Replaces the preprocessing (e.g. a DA3 `process_res` other than 504).

@@ -206,15 +206,16 @@ pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<
 
 /// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
 pub(crate) fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+    (0..n_out).map(|o| axis_tap(n_in, n_out, o)).collect()
+}
+
+/// The align_corners=False source taps `(i0, i1, λ1)` of output index `o` of `n_out` over `n_in` inputs.
+pub(crate) fn axis_tap(n_in: usize, n_out: usize, o: usize) -> (usize, usize, f32) {
     let scale = n_in as f32 / n_out as f32;
-    (0..n_out)
-        .map(|o| {
-            let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
-            let i0 = (src as usize).min(n_in - 1);
-            let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
-            (i0, i1, src - i0 as f32)
-        })
-        .collect()
+    let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
+    let i0 = (src as usize).min(n_in - 1);
+    let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
+    (i0, i1, src - i0 as f32)
 }
 
 /// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.
@@ -512,8 +513,15 @@ impl Segmenter {
 
     /// Images with the same network input size run as one batch.
     pub fn segment(&self, images: &[&RgbImage]) -> Result<Vec<Vec<u32>>> {
+        let logits = self.logits(images)?;
+        images.iter().zip(&logits).map(|(img, l)| resize_argmax(l, img.height() as usize, img.width() as usize)).collect()
+    }
+
+    /// Per image: the logits `[classes, h, w]` at the model's output resolution (before the resize
+    /// to the image size). Images with the same network input size run as one batch.
+    pub fn logits(&self, images: &[&RgbImage]) -> Result<Vec<Tensor>> {
         let device = self.model.device().clone();
-        let mut out: Vec<Option<Vec<u32>>> = vec![None; images.len()];
+        let mut out: Vec<Option<Tensor>> = vec![None; images.len()];
         let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
         for (i, img) in images.iter().enumerate() {
             groups.entry(self.preprocess.input_size(img.width(), img.height())).or_default().push(i);
@@ -523,10 +531,9 @@ impl Segmenter {
             let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
             let logits = self.model.forward(&Tensor::stack(&xs, 0)?)?;
             for (k, &i) in idx.iter().enumerate() {
-                let (w, h) = images[i].dimensions();
-                out[i] = Some(resize_argmax(&logits.get(k)?, h as usize, w as usize)?);
+                out[i] = Some(logits.get(k)?);
             }
         }
-        Ok(out.into_iter().map(|o| o.unwrap_or_default()).collect())
+        out.into_iter().map(|o| o.ok_or_else(|| Error::Input("an image got no logits".into()))).collect()
     }
 }

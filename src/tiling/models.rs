@@ -1,0 +1,114 @@
+//! The models as [`TileModel`]s, and their default tile sizes: canopy height (metres, blended
+//! directly), depth (relative depth aligned by scale and shift, metric blended directly) and
+//! segmentation (logits blended, then argmax).
+use candle_core::{DType, Device};
+use image::RgbImage;
+
+use super::{Combine, TileMap, TileModel};
+use crate::error::{Error, Result};
+use crate::models::segformer::Segmenter;
+use crate::tasks::chm::ChmEstimator;
+use crate::tasks::depth::{DepthEstimator, Preprocess};
+
+/// CHMv2's default `(tile, overlap)`: the checkpoint's 416² working size, 64 px overlap.
+pub const CHM_DEFAULT: (usize, usize) = (416, 64);
+/// Depth overlap (wide, so that the scale fit of relative depth has many pairs).
+pub const DEPTH_OVERLAP: usize = 96;
+/// Segmentation overlap.
+pub const SEG_OVERLAP: usize = 64;
+
+/// Canopy height per tile.
+pub struct ChmTiles<'a> {
+    /// The model.
+    pub est: &'a ChmEstimator,
+    /// Tiles per forward pass.
+    pub batch: usize,
+}
+
+impl TileModel for ChmTiles<'_> {
+    fn channels(&self) -> usize {
+        1
+    }
+
+    fn combine(&self) -> Combine {
+        Combine::Direct
+    }
+
+    fn predict(&self, tiles: &[&RgbImage], labels: &[String]) -> Result<Vec<TileMap>> {
+        self.est.predict(tiles, labels, self.batch)?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+    }
+}
+
+/// Depth per tile (DA3 sky masks and confidences are not tiled).
+pub struct DepthTiles<'a> {
+    /// The model.
+    pub est: &'a DepthEstimator,
+    /// Tiles per forward pass.
+    pub batch: usize,
+}
+
+impl TileModel for DepthTiles<'_> {
+    fn channels(&self) -> usize {
+        1
+    }
+
+    fn combine(&self) -> Combine {
+        if self.est.is_metric() {
+            Combine::Direct
+        } else {
+            Combine::ScaleShift
+        }
+    }
+
+    fn predict(&self, tiles: &[&RgbImage], _labels: &[String]) -> Result<Vec<TileMap>> {
+        self.est.predict(tiles, self.batch)?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+    }
+}
+
+/// The default `(tile, overlap)` of a depth model: its network input size (518 for Depth Anything
+/// V2, the `process_res` 504 for DA3), so that tiles are not resized.
+pub fn depth_default(est: &DepthEstimator) -> (usize, usize) {
+    let tile = match est.preprocess() {
+        Preprocess::Dpt(p) => p.size.height.max(p.size.width),
+        Preprocess::Da3(p) => p.process_res,
+    };
+    (tile, DEPTH_OVERLAP)
+}
+
+/// Segmentation logits per tile.
+pub struct SegTiles<'a> {
+    /// The model.
+    pub seg: &'a Segmenter,
+}
+
+impl TileModel for SegTiles<'_> {
+    fn channels(&self) -> usize {
+        self.seg.labels().len()
+    }
+
+    fn combine(&self) -> Combine {
+        Combine::Direct
+    }
+
+    fn predict(&self, tiles: &[&RgbImage], _labels: &[String]) -> Result<Vec<TileMap>> {
+        let logits = self.seg.logits(tiles)?;
+        tiles
+            .iter()
+            .zip(logits)
+            .map(|(img, l)| {
+                let (channels, lh, lw) = l.dims3()?;
+                if lh == 0 || lw == 0 {
+                    return Err(Error::Input("empty logits".into()));
+                }
+                let values = l.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+                Ok(TileMap::Logits { channels, lh, lw, values, height: img.height() as usize, width: img.width() as usize })
+            })
+            .collect()
+    }
+}
+
+/// The default `(tile, overlap)` of a SegFormer: its network input size (512 without a
+/// preprocessor config).
+pub fn seg_default(seg: &Segmenter) -> (usize, usize) {
+    (seg.preprocess().size.map(|(h, w)| h.max(w)).unwrap_or(512), SEG_OVERLAP)
+}
