@@ -72,7 +72,7 @@ pub fn depth_default(est: &DepthEstimator) -> (usize, usize) {
         Preprocess::Dpt(p) => p.size.height.max(p.size.width),
         Preprocess::Da3(p) => p.process_res,
     };
-    (tile, DEPTH_OVERLAP)
+    (tile, DEPTH_OVERLAP.min(tile / 4))
 }
 
 /// Segmentation logits per tile.
@@ -110,5 +110,7 @@ impl TileModel for SegTiles<'_> {
 /// The default `(tile, overlap)` of a SegFormer: its network input size (512 without a
 /// preprocessor config).
 pub fn seg_default(seg: &Segmenter) -> (usize, usize) {
-    (seg.preprocess().size.map(|(h, w)| h.max(w)).unwrap_or(512), SEG_OVERLAP)
+    let tile = seg.preprocess().size.map(|(h, w)| h.max(w)).unwrap_or(512);
+    // A small network input (`--size 64x64`) gets a proportionally small overlap.
+    (tile, SEG_OVERLAP.min(tile / 4))
 }
