@@ -3,7 +3,7 @@
 //! whole), with the model's default tile and overlap.
 use std::path::Path;
 
-use super::plan::check_tile;
+use super::plan::{check_tile, MAX_TILE, MIN_TILE};
 use crate::error::Result;
 use crate::geotiff::{is_tiff, GeoReference};
 use crate::imageio::decode::check_size;
@@ -22,12 +22,13 @@ pub struct TileRequest {
 }
 
 impl TileRequest {
-    /// Checks the values given (a tile of 0 turns tiling off, so only the overlap is checked then).
+    /// Checks the values given against the model's default `(tile, overlap)`: a tile of 0 turns
+    /// tiling off; without a tile only a given overlap is checked (against the default tile).
     pub fn validate(&self, default: (usize, usize)) -> Result<()> {
-        match self.tile {
-            Some(0) => Ok(()),
-            Some(t) => check_tile(t, self.overlap.unwrap_or(default.1.min(t / 2))),
-            None => check_tile(default.0, self.overlap.unwrap_or(default.1)),
+        match (self.tile, self.overlap) {
+            (Some(0), _) | (None, None) => Ok(()),
+            (Some(t), o) => check_tile(t, o.unwrap_or(default.1.min(t / 2))),
+            (None, Some(o)) => check_tile(default_tile(default), o),
         }
     }
 }
@@ -52,10 +53,15 @@ pub fn decide(path: &Path, req: TileRequest, default: (usize, usize), limits: &I
             if !((referenced && w.max(h) > AUTO_SIDE) || check_size(w, h, limits).is_err()) {
                 return Ok(None);
             }
-            default.0
+            default_tile(default)
         }
     };
     let overlap = req.overlap.unwrap_or(default.1.min(tile / 2));
     check_tile(tile, overlap)?;
     Ok(Some((tile, overlap)))
+}
+
+/// The model's default tile, within the accepted range.
+fn default_tile(default: (usize, usize)) -> usize {
+    default.0.clamp(MIN_TILE, MAX_TILE)
 }

@@ -24,8 +24,6 @@ pub const MAX_RASTER_PIXELS: u64 = 1 << 36;
 pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
 /// Largest window a caller may request (pixels).
 pub const MAX_WINDOW_PIXELS: u64 = 1 << 28;
-/// Largest TIFF tag value (bytes): room for 8 M strip or tile offsets in a BigTIFF.
-const MAX_IFD_VALUE_BYTES: usize = 64 << 20;
 
 /// A pixel rectangle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +174,6 @@ impl TiffRaster {
         let mut limits = Limits::default();
         limits.decoding_buffer_size = MAX_CHUNK_BYTES as usize;
         limits.intermediate_buffer_size = MAX_CHUNK_BYTES as usize;
-        limits.ifd_value_size = MAX_IFD_VALUE_BYTES;
         let mut dec = Decoder::new(BufReader::new(file)).map_err(tiff)?.with_limits(limits);
         let (w, h) = dec.dimensions().map_err(tiff)?;
         let (width, height) = (w as usize, h as usize);
