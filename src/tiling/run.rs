@@ -89,8 +89,7 @@ pub fn run_tiled(
         let mut band = OutBand::new(x0, x1, output.kind(), block);
         let mut row_bytes = Vec::new();
         let mut emitted = 0;
-        for r in 0..plan.ys.len() {
-            let y = plan.ys[r];
+        for (r, &y) in plan.ys.iter().enumerate() {
             let window = src.read_window(Rect { x: win_x, y, w: win_w, h: plan.tile_h })?;
             let mut maps = Vec::with_capacity(cols.len());
             for chunk in cols.clone().collect::<Vec<_>>().chunks(opts.batch.max(1)) {
