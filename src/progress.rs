@@ -77,11 +77,6 @@ impl Progress {
         Progress { label, mode, total, done: 0, failed: 0, start: now, last: now, interval }
     }
 
-    /// The display mode.
-    pub fn mode(&self) -> Mode {
-        self.mode
-    }
-
     /// One item finished; `failed` if it (or any of its stages) failed.
     pub fn item_done(&mut self, failed: bool) {
         self.done += 1;

@@ -221,7 +221,7 @@ fn plan(
     let budget = match state.as_ref() {
         Some((_, b, _)) if !fresh => *b,
         // The budget is measured once per model, after it has loaded.
-        _ => MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget { bytes: 1 << 30, from_flag: false }),
+        _ => MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget::FALLBACK),
     };
     let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
     let cap = match (cfg.batch, worst) {

@@ -56,15 +56,6 @@ impl serde::Serialize for BatchSetting {
     }
 }
 
-impl std::fmt::Display for BatchSetting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BatchSetting::Auto => f.write_str("auto"),
-            BatchSetting::Fixed(n) => write!(f, "{n}"),
-        }
-    }
-}
-
 impl std::str::FromStr for BatchSetting {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -80,11 +71,12 @@ pub const MAX_BUDGET_MIB: u64 = 16 << 20;
 pub struct MemoryBudget {
     /// The budget in bytes.
     pub bytes: u64,
-    /// Where it came from (for the log).
-    pub from_flag: bool,
 }
 
 impl MemoryBudget {
+    /// The budget when the device cannot tell what it can spare: 1 GiB.
+    pub const FALLBACK: MemoryBudget = MemoryBudget { bytes: 1 << 30 };
+
     /// `--mem-budget` (MiB) when given; else what `device` can spare now (call it after the model is
     /// loaded, so the weights are already accounted for) less a safety margin of 10 % (at least
     /// 256 MiB); 1 GiB when the device cannot tell.
@@ -93,11 +85,11 @@ impl MemoryBudget {
             if m == 0 || m > MAX_BUDGET_MIB {
                 return Err(Error::Input(format!("--mem-budget {m}: expected 1 to {MAX_BUDGET_MIB} MiB")));
             }
-            return Ok(MemoryBudget { bytes: m << 20, from_flag: true });
+            return Ok(MemoryBudget { bytes: m << 20 });
         }
-        let avail = available_bytes(device).unwrap_or(1 << 30);
+        let avail = available_bytes(device).unwrap_or(Self::FALLBACK.bytes);
         let margin = (avail / 10).max(256 << 20);
-        Ok(MemoryBudget { bytes: avail.saturating_sub(margin).max(64 << 20), from_flag: false })
+        Ok(MemoryBudget { bytes: avail.saturating_sub(margin).max(64 << 20) })
     }
 
     /// The batch `setting` allows with `per_item` bytes of activations per item.
@@ -124,7 +116,7 @@ mod tests {
 
     #[test]
     fn the_budget_divides_into_items() {
-        let b = MemoryBudget { bytes: 1000 << 20, from_flag: true };
+        let b = MemoryBudget { bytes: 1000 << 20 };
         assert_eq!(b.batch_for(BatchSetting::Auto, 300 << 20), 3);
         assert_eq!(b.batch_for(BatchSetting::Auto, 2000 << 20), 1);
         assert_eq!(b.batch_for(BatchSetting::Auto, 1), MAX_BATCH);
