@@ -154,11 +154,11 @@ pub struct ModelStage {
     /// CHM: compute dtype of the DPT head when it should differ from `dtype` (e.g. f16 backbone, f32 head).
     #[serde(default)]
     pub head_dtype: Option<String>,
-    /// Tiled inference tile side in pixels (0 = off), as `--tile` of the direct commands; parsed and
-    /// checked, not yet applied by `annotate`.
+    /// Tiled inference tile side in pixels (0 = off, unset = automatic for large GeoTIFFs), as
+    /// `--tile` of the direct commands.
     #[serde(default)]
     pub tile: Option<usize>,
-    /// Overlap between tiles in pixels, as `--overlap`; parsed and checked, not yet applied.
+    /// Overlap between tiles in pixels, as `--overlap` (unset: the model's default).
     #[serde(default)]
     pub overlap: Option<usize>,
 }
@@ -433,9 +433,11 @@ fallback = []
 # dtype = "f16"       # overrides the top-level dtype for this stage
 format = "f16"        # .npy element type: "f16" or "f32"
 visualize = false     # also write a colour-mapped <name>.viz.png
-# tile = 518          # tiled inference (as `edgerun depth --tile`): tile side in px, 0 = off;
-# overlap = 96        # overlap in px. Checked, but annotate does not tile yet: use the direct commands
-#                     # for rasters over the limits (see docs/tiling.md). Also in [segmentation] and [chm].
+# tile = 518          # tiled inference (as `edgerun depth --tile`): tile side in px; 0 = never; unset =
+#                     # GeoTIFFs over 4096 px and TIFFs over the image limits only. A tiled input's
+#                     # output is one tiled GeoTIFF <name>.tif (no .npy, no visualisation; edges are not
+#                     # computed from a tiled depth map). See docs/tiling.md.
+# overlap = 96        # overlap in px (default: the model's). Also in [segmentation] and [chm].
 
 [edges]
 format = "f16"
@@ -471,13 +473,12 @@ fn check_tiling(tile: Option<usize>, overlap: Option<usize>) -> std::result::Res
 }
 
 impl Config {
-    /// Notes to print at the start of a run: stages whose `tile` is set (not applied by annotate yet).
-    pub fn tiling_notes(&self) -> Vec<String> {
-        [StageKind::Depth, StageKind::Segmentation, StageKind::Chm]
-            .into_iter()
-            .filter(|k| self.stage_list().contains(k) && self.model_stage(*k).is_some_and(|s| s.tile.is_some_and(|t| t > 0)))
-            .map(|k| format!("[{}] tile is set but annotate does not run tiled inference yet; use `edgerun {} --tile` for large rasters", k.name(), if k == StageKind::Segmentation { "segment" } else { k.name() }))
-            .collect()
+    /// A model stage's `tile` / `overlap` as a tiling request (edges: never tiled).
+    pub fn tile_request(&self, k: StageKind) -> crate::tiling::TileRequest {
+        match self.model_stage(k) {
+            Some(s) => crate::tiling::TileRequest { tile: s.tile, overlap: s.overlap },
+            None => crate::tiling::TileRequest { tile: Some(0), overlap: None },
+        }
     }
 
     /// Parses TOML text; relative paths will resolve against `base_dir`.
@@ -687,7 +688,9 @@ mod tests {
         let c = Config::from_toml("stages = [\"chm\"]\n[chm]\nmodel = \"m\"\ntile = 416\noverlap = 64\n", Path::new(".")).unwrap();
         assert_eq!((c.chm.tile, c.chm.overlap), (Some(416), Some(64)));
         c.validate().unwrap();
-        assert_eq!(c.tiling_notes().len(), 1);
+        assert_eq!(c.tile_request(StageKind::Chm), crate::tiling::TileRequest { tile: Some(416), overlap: Some(64) });
+        assert_eq!(c.tile_request(StageKind::Depth), crate::tiling::TileRequest::default());
+        assert_eq!(c.tile_request(StageKind::Edges).tile, Some(0));
         for (text, want) in [("[chm]\ntile = 8", "tile size 8"), ("[depth]\ntile = 100\noverlap = 60", "more than half"), ("[segmentation]\noverlap = 9000", "overlap 9000")] {
             let e = Config::from_toml(text, Path::new(".")).unwrap().validate().unwrap_err().to_string();
             assert!(e.contains(want), "{text}: {e}");

@@ -20,6 +20,7 @@ pub mod progress;
 pub mod scheduler;
 pub mod shard;
 pub mod stages;
+pub mod tiled;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ use listing::{list_inputs, InputFile};
 use progress::{Mode, Progress, StageSummary};
 use scheduler::{ChunkJob, Exec, ItemInfo, Member, StageSet};
 use stages::{Devices, ModelChain};
+use tiled::{TiledOut, TiledRun, TiledWork};
 
 /// One run's inputs.
 #[derive(Debug, Clone)]
@@ -69,9 +71,12 @@ fn same_input(r: &Record, f: &InputFile, fp: Fingerprint) -> bool {
         }
 }
 
-fn state(idx: &Index, f: &InputFile, expected: &[String], fp: Fingerprint, retry_failed: bool) -> State {
+/// Whether an input's stage is done (its expected outputs, or its one tiled GeoTIFF `tiled`, recorded
+/// for this very input), failed before, or still to do.
+fn state(idx: &Index, f: &InputFile, expected: &[String], tiled: &str, fp: Fingerprint, retry_failed: bool) -> State {
     let Some((ok, failed)) = idx.by_input.get(&f.rel) else { return State::Pending };
-    if ok.as_ref().is_some_and(|r| same_input(r, f, fp) && expected.iter().all(|e| r.outputs.contains(e))) {
+    let complete = |outputs: &[String]| expected.iter().all(|e| outputs.contains(e)) || outputs == [tiled];
+    if ok.as_ref().is_some_and(|r| same_input(r, f, fp) && complete(&r.outputs)) {
         return State::Done;
     }
     if !retry_failed && failed.as_ref().is_some_and(|r| same_input(r, f, fp)) {
@@ -124,10 +129,6 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         }
     };
 
-    for n in cfg.tiling_notes() {
-        say(&n);
-    }
-
     // Inputs.
     let listing = list_inputs(&opts.input, &cfg.extensions, Some(&out_c), cfg.fingerprint, &mdir.join(format!("filelist{tag}.json")), opts.rescan)?;
     for w in &listing.warnings {
@@ -175,6 +176,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut shard_dirs: BTreeSet<PathBuf> = BTreeSet::new();
     let mut owned: HashSet<PathBuf> = HashSet::new();
     let mut pending_outputs: Vec<String> = Vec::new();
+    let mut tiled_work: Vec<TiledWork> = Vec::new();
+    let limits = cfg.image_limits();
     for c in 0..n.div_ceil(b) {
         if !shard.owns_chunk(c) {
             continue;
@@ -185,11 +188,19 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         for i in range {
             let it = &items[i];
             let mut pending = StageSet::default();
+            let mut tiled_here = false;
+            let pre_failed = coll[i].map(|j| format!("its output names collide with those of {} (same name, other extension)", items[j].file.rel));
             for &k in &stages {
                 let expected = expected_outputs(cfg, k, &it.stem);
-                match state(&indexes[&k], &it.file, &expected, cfg.fingerprint, opts.retry_failed) {
+                let tiled_rel = output_rel(k, &it.stem, OutputKind::GeoTiff);
+                match state(&indexes[&k], &it.file, &expected, &tiled_rel, cfg.fingerprint, opts.retry_failed) {
                     State::Done => summary_stages.get_mut(&k).map(|s| s.skipped += 1).unwrap_or(()),
                     State::SkipFailed => summary_stages.get_mut(&k).map(|s| s.skipped_failed += 1).unwrap_or(()),
+                    State::Pending if pre_failed.is_none() && tiled::is_tiled(cfg, k, &listing.root.join(&it.file.rel), &limits) => {
+                        tiled_work.push(TiledWork { item: i, stage: k });
+                        tiled_here = true;
+                        pending_outputs.push(tiled_rel);
+                    }
                     State::Pending => {
                         pending.insert(k);
                         pending_outputs.push(output_rel(k, &it.stem, OutputKind::Main));
@@ -205,10 +216,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
                     }
                 }
             }
-            if pending.is_empty() {
+            if pending.is_empty() && !tiled_here {
                 skipped_items += 1;
             }
-            let pre_failed = coll[i].map(|j| format!("its output names collide with those of {} (same name, other extension)", items[j].file.rel));
             members.push(Member { item: i, pending, decode: false, read_depth: false, pre_failed });
         }
         let run = members
@@ -245,7 +255,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     if stale > 0 {
         say(&format!("removed {stale} temp files left by an interrupted run"));
     }
-    let todo_items: usize = jobs.iter().map(|j| j.members.iter().filter(|m| !m.pending.is_empty()).count()).sum();
+    let pipeline_items: BTreeSet<usize> = jobs.iter().flat_map(|j| j.members.iter().filter(|m| !m.pending.is_empty()).map(|m| m.item)).collect();
+    let todo_items = pipeline_items.len() + tiled_work.iter().map(|w| w.item).collect::<BTreeSet<_>>().difference(&pipeline_items).count();
     say(&format!(
         "{} inputs{} in {}; shard {shard}: {in_shard} inputs, {todo_items} to do, {skipped_items} already done",
         items.len(),
@@ -259,7 +270,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let mut devices = Devices::default();
     let mut chains = Vec::new();
     for &k in stages.iter().filter(|k| k.has_model()) {
-        if jobs.iter().any(|j| j.run.has(k)) {
+        if jobs.iter().any(|j| j.run.has(k)) || tiled_work.iter().any(|w| w.stage == k) {
             let mut chain = ModelChain::new(k, cfg)?;
             chain.load_primary(cfg, &mut devices, &mut |m| progress::log(&m))?;
             chains.push(chain);
@@ -270,9 +281,8 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     }
     let load_s = t_load.elapsed().as_secs_f64();
 
-    let progress = Progress::new("annotate", Mode::from_config(&cfg.progress.mode), todo_items, Duration::from_secs_f64(cfg.progress.interval_s.max(0.1)));
-    let stats = if jobs.is_empty() {
-        drop(journals);
+    let progress = Progress::new("annotate", Mode::from_config(&cfg.progress.mode), pipeline_items.len(), Duration::from_secs_f64(cfg.progress.interval_s.max(0.1)));
+    let mut stats = if jobs.is_empty() {
         scheduler::ExecStats::default()
     } else {
         scheduler::execute(Exec {
@@ -281,13 +291,21 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             output,
             items: &items,
             jobs,
-            chains,
-            devices,
-            journals,
+            chains: &mut chains,
+            devices: &mut devices,
+            journals: &mut journals,
             shard: shard.to_string(),
             progress,
         })?
     };
+    // Inputs run in tiles, after the pipeline (one large raster at a time).
+    if !tiled_work.is_empty() {
+        let t_tiled = Instant::now();
+        let x = TiledRun { cfg, input_root: &listing.root, output, items: &items, shard: &shard.to_string(), verbose: !quiet };
+        let t = tiled::run_tiled(&x, &tiled_work, &mut chains, &mut devices, &mut journals, &mut |m| progress::log(&m))?;
+        add_tiled(&mut stats, t, t_tiled.elapsed().as_secs_f64());
+    }
+    drop(journals);
 
     let mut summary = Summary {
         input_dir: opts.input.display().to_string(),
@@ -297,7 +315,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         in_shard,
         processed: todo_items,
         skipped: skipped_items,
-        failed: stats.failed_items,
+        failed: stats.failed_items.len(),
         listing_cached: listing.from_cache,
         setup_s,
         load_s,
@@ -330,6 +348,23 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let json = serde_json::to_vec_pretty(&summary).map_err(|e| Error::Config(e.to_string()))?;
     crate::fsutil::write_atomic(summary_path(output, &tag), &json)?;
     Ok(summary)
+}
+
+/// Adds the tiled runs' counts and times to the pipeline's.
+fn add_tiled(stats: &mut scheduler::ExecStats, t: TiledOut, seconds: f64) {
+    stats.pipeline_s += seconds;
+    stats.failed_items.extend(t.failed_items);
+    stats.failures.extend(t.failures);
+    for (k, s) in t.stages {
+        let e = stats.stages.entry(k).or_default();
+        e.done += s.done;
+        e.failed += s.failed;
+        e.model_s += s.model_s;
+        stats.model_busy_s += s.model_s;
+        for (m, c) in s.by_model {
+            *e.by_model.entry(m).or_default() += c;
+        }
+    }
 }
 
 /// What `--merge` did.

@@ -2,7 +2,7 @@
 //! thread running the stages' models on whole batches, a bounded pool of writer threads, and a journal
 //! thread that records each finished item once its outputs are durable. A byte budget bounds the
 //! decoded images and results in flight; the writer queue decouples the model from the disk.
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
@@ -113,11 +113,11 @@ pub struct Exec<'a> {
     /// This shard's batches with pending work.
     pub jobs: Vec<ChunkJob>,
     /// Model chains by stage (only stages some batch runs).
-    pub chains: Vec<ModelChain>,
+    pub chains: &'a mut [ModelChain],
     /// Devices.
-    pub devices: Devices,
+    pub devices: &'a mut Devices,
     /// Open journals by stage.
-    pub journals: HashMap<StageKind, Journal>,
+    pub journals: &'a mut HashMap<StageKind, Journal>,
     /// `K/N`.
     pub shard: String,
     /// Progress display.
@@ -140,7 +140,7 @@ pub struct ExecStats {
     /// Per stage (done, failed, model_s, write_s, by_model filled).
     pub stages: HashMap<StageKind, StageSummary>,
     /// Items with a failed stage.
-    pub failed_items: usize,
+    pub failed_items: BTreeSet<usize>,
     /// Seconds from start to the last record.
     pub pipeline_s: f64,
     /// Sum of model seconds.
@@ -256,7 +256,8 @@ impl Shared {
     }
 }
 
-fn record(items: &[ItemInfo], shard: &str, item: usize, status: Status, model: Option<String>, outputs: Vec<String>, reason: Option<String>) -> Record {
+/// A journal record of `item`.
+pub(super) fn record(items: &[ItemInfo], shard: &str, item: usize, status: Status, model: Option<String>, outputs: Vec<String>, reason: Option<String>) -> Record {
     let it = &items[item];
     Record {
         input: it.file.rel.clone(),
@@ -448,7 +449,7 @@ fn writer_loop(x: &View<'_>, rx: &Mutex<Receiver<WriteJob>>, jtx: mpsc::Sender<J
 
 struct JournalOut {
     stages: HashMap<StageKind, StageSummary>,
-    failed_items: usize,
+    failed_items: BTreeSet<usize>,
     failures: Vec<Failure>,
 }
 
@@ -459,7 +460,7 @@ fn journal_loop(
     rx: Receiver<JMsg>,
     shared: &Shared,
 ) -> JournalOut {
-    let mut out = JournalOut { stages: HashMap::new(), failed_items: 0, failures: Vec::new() };
+    let mut out = JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: Vec::new() };
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(m) => {
@@ -491,7 +492,9 @@ fn journal_loop(
                     if r.0 == 0 {
                         let f = r.1;
                         remaining.remove(&m.item);
-                        out.failed_items += f as usize;
+                        if f {
+                            out.failed_items.insert(m.item);
+                        }
                         progress.item_done(f);
                     }
                 }
@@ -643,7 +646,7 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
 /// Runs the pipeline over `x.jobs`.
 pub fn execute(x: Exec<'_>) -> Result<ExecStats> {
     let start = Instant::now();
-    let Exec { cfg, input_root, output, items, jobs, mut chains, mut devices, mut journals, shard, mut progress } = x;
+    let Exec { cfg, input_root, output, items, jobs, chains, devices, journals, shard, mut progress } = x;
     let view = View { cfg, input_root, output, items, jobs: &jobs, shard: &shard };
     let shared = Shared { abort: AtomicBool::new(false), fatal: Mutex::new(None), write_s: Mutex::new(HashMap::new()), decode_s: Mutex::new(0.0) };
     let budget = Arc::new(Budget { limit: cfg.memory_mb.saturating_mul(1 << 20), used: Mutex::new(0), cv: Condvar::new() });
@@ -668,7 +671,8 @@ pub fn execute(x: Exec<'_>) -> Result<ExecStats> {
     let (jout, wait_input_s, wait_output_s, model_s) = std::thread::scope(|s| {
         let view = &view;
         let shared = &shared;
-        let (journals, progress) = (&mut journals, &mut progress);
+        let progress = &mut progress;
+        let journals = &mut *journals;
         let journal = s.spawn(move || journal_loop(journals, progress, remaining, jrx, shared));
         for _ in 0..cfg.write_threads {
             let jtx = jtx.clone();
@@ -708,14 +712,14 @@ pub fn execute(x: Exec<'_>) -> Result<ExecStats> {
             if shared.abort.load(Ordering::Relaxed) {
                 break;
             }
-            infer_chunk(view, &mut chains, &mut devices, chunk, &mut ctx);
+            infer_chunk(view, chains, devices, chunk, &mut ctx);
         }
         drop(ctx_rx);
         let InferCtx { wtx, jtx, wait_output_s, model_s, .. } = ctx;
         // Closing the queues lets the writers, then the journal thread, finish.
         drop(wtx);
         drop(jtx);
-        let jout = journal.join().unwrap_or_else(|_| JournalOut { stages: HashMap::new(), failed_items: 0, failures: vec![] });
+        let jout = journal.join().unwrap_or_else(|_| JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: vec![] });
         (jout, wait_in, wait_output_s, model_s)
     });
     if let Some(e) = shared.fatal.into_inner().unwrap_or_else(|p| p.into_inner()) {

@@ -19,6 +19,8 @@ use crate::models::segformer::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
 use crate::tasks::depth::DepthEstimator;
+use crate::tiling::models::{depth_default, seg_default, ChmTiles, DepthTiles, SegTiles, CHM_DEFAULT};
+use crate::tiling::{Output, TileModel};
 
 /// The class names, palette and PNG metadata of a segmentation model's output.
 #[derive(Debug)]
@@ -63,8 +65,20 @@ impl Prediction {
     }
 }
 
+/// A stage's model as tiled inference runs it.
+pub struct Tiling<'a> {
+    /// The model on tiles.
+    pub model: Box<dyn TileModel + 'a>,
+    /// What the tiled GeoTIFF holds.
+    pub output: Output,
+    /// The model's default `(tile, overlap)`.
+    pub default: (usize, usize),
+}
+
 /// A loaded model stage.
 pub trait Stage {
+    /// The model on tiles, `batch` tiles per forward pass.
+    fn tiling(&self, batch: usize) -> Tiling<'_>;
     /// One prediction per image, in order.
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>>;
     /// Estimated activation bytes of one image in a forward pass (for `batch = "auto"`).
@@ -76,6 +90,9 @@ pub trait Stage {
 struct DepthStage(DepthEstimator);
 
 impl Stage for DepthStage {
+    fn tiling(&self, batch: usize) -> Tiling<'_> {
+        Tiling { model: Box::new(DepthTiles { est: &self.0, batch }), output: Output::Float { nodata: Some(f32::NAN) }, default: depth_default(&self.0) }
+    }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
         Ok(self
             .0
@@ -95,6 +112,10 @@ impl Stage for DepthStage {
 struct ChmStage(ChmEstimator);
 
 impl Stage for ChmStage {
+    fn tiling(&self, batch: usize) -> Tiling<'_> {
+        // Heights where the source is no-data get its GDAL_NODATA value, as `edgerun chm` writes them.
+        Tiling { model: Box::new(ChmTiles { est: &self.0, batch }), output: Output::Float { nodata: None }, default: CHM_DEFAULT }
+    }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
         let labels: Vec<String> = (0..images.len()).map(|i| format!("image {i} of the batch")).collect();
         Ok(self
@@ -118,6 +139,10 @@ struct SegStage {
 }
 
 impl Stage for SegStage {
+    fn tiling(&self, _batch: usize) -> Tiling<'_> {
+        let output = Output::Classes { lut: self.classes.map.lut.clone(), description: Some(self.classes.metadata.clone()) };
+        Tiling { model: Box::new(SegTiles { seg: &self.seg }), output, default: seg_default(&self.seg) }
+    }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
         let masks = self.seg.segment(images)?;
         images
@@ -315,6 +340,30 @@ impl ModelChain {
             .map(|(s, slot)| format!("{}: {}", s.name, if let Slot::Broken(m) = slot { m.as_str() } else { "not loaded" }))
             .collect();
         Err(Error::Config(format!("no {} model could be loaded ({})", self.kind.name(), why.join("; "))))
+    }
+
+    /// Runs `f` (one tiled input) on the stage's models in fallback order until one succeeds:
+    /// `(result, model index)`, or every model's reason (errors and panics alike).
+    pub fn first_success<T>(
+        &mut self,
+        cfg: &Config,
+        devices: &mut Devices,
+        warn: &mut dyn FnMut(String),
+        mut f: impl FnMut(&dyn Stage) -> Result<T>,
+    ) -> std::result::Result<(T, usize), String> {
+        let mut reasons = Vec::new();
+        for m in 0..self.specs.len() {
+            if !self.load(m, cfg, devices, warn) {
+                continue;
+            }
+            let Slot::Ready(stage) = &self.slots[m] else { continue };
+            match catch_unwind(AssertUnwindSafe(|| f(stage.as_ref()))) {
+                Ok(Ok(t)) => return Ok((t, m)),
+                Ok(Err(e)) => reasons.push(format!("{}: {e}", self.specs[m].name)),
+                Err(p) => reasons.push(format!("{}: panicked: {}", self.specs[m].name, panic_message(p))),
+            }
+        }
+        Err(if reasons.is_empty() { "no model of this stage could be loaded".into() } else { reasons.join("; ") })
     }
 
     /// Predicts for every image: `(prediction, model index)` or the reasons every model failed.

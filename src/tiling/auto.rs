@@ -36,12 +36,23 @@ impl TileRequest {
 /// `Some((tile, overlap))` when `path` is to be tiled under `req`, with `default` the model's
 /// `(tile, overlap)`; reads at most the TIFF header.
 pub fn decide(path: &Path, req: TileRequest, default: (usize, usize), limits: &ImageLimits) -> Result<Option<(usize, usize)>> {
-    let tile = match req.tile {
-        Some(0) => return Ok(None),
-        Some(t) => t,
+    if !wants_tiles(path, req, limits)? {
+        return Ok(None);
+    }
+    let tile = req.tile.unwrap_or_else(|| default_tile(default));
+    let overlap = req.overlap.unwrap_or(default.1.min(tile / 2));
+    check_tile(tile, overlap)?;
+    Ok(Some((tile, overlap)))
+}
+
+/// Whether `path` is to be tiled under `req` (whatever the model): `--tile 0` never, `--tile N`
+/// always, automatically a large GeoTIFF or a TIFF beyond `limits`; reads at most the TIFF header.
+pub fn wants_tiles(path: &Path, req: TileRequest, limits: &ImageLimits) -> Result<bool> {
+    match req.tile {
+        Some(t) => Ok(t > 0),
         None => {
             if !is_tiff(path)? {
-                return Ok(None);
+                return Ok(false);
             }
             let (w, h, referenced) = match GeoReference::read(path)? {
                 Some(g) => (g.width, g.height, true),
@@ -50,15 +61,9 @@ pub fn decide(path: &Path, req: TileRequest, default: (usize, usize), limits: &I
                     (w, h, false)
                 }
             };
-            if !((referenced && w.max(h) > AUTO_SIDE) || check_size(w, h, limits).is_err()) {
-                return Ok(None);
-            }
-            default_tile(default)
+            Ok((referenced && w.max(h) > AUTO_SIDE) || check_size(w, h, limits).is_err())
         }
-    };
-    let overlap = req.overlap.unwrap_or(default.1.min(tile / 2));
-    check_tile(tile, overlap)?;
-    Ok(Some((tile, overlap)))
+    }
 }
 
 /// The model's default tile, within the accepted range.

@@ -14,7 +14,7 @@ pub mod writer;
 
 use image::RgbImage;
 
-pub use auto::{decide, TileRequest};
+pub use auto::{decide, wants_tiles, TileRequest};
 pub use blend::Output;
 pub use map::TileMap;
 pub use plan::TilePlan;
