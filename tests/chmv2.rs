@@ -103,14 +103,23 @@ fn unknown_strategies_are_config_errors() {
     assert!(FeaturesToDepth::new("log", "linear", 0.0, 96.0).is_err());
 }
 
-/// Half-precision compute on the fixtures: finite, and within 4× the max abs error (metres) measured
+/// Half-precision compute on the fixtures: finite, and within 3–4× the max abs error (metres) measured
 /// against the f32 reference on the CPU.
 #[test]
 fn reduced_precision_stays_finite() {
     use edgerun::models::chmv2::Precision;
-    // Bounds for f16 everywhere / f32 backbone + f16 head / f16 backbone + f32 head; measured errors:
-    // tiny 0.2929 / 0.4537 / 0.2562, reg4 0.3345 / 0.2225 / 0.2628, gated 0.0112 / 0.0056 / 0.0044.
-    for (name, bounds) in [("chmv2_tiny", [1.2, 1.8, 1.0]), ("chmv2_reg4", [1.3, 0.9, 1.05]), ("chmv2_gated", [0.045, 0.022, 0.018])] {
+    // Bounds for f16 everywhere / f32 backbone + f16 head / f16 backbone + f32 head. On x86-64 the gemm
+    // crate converts f16 to f32 and accumulates in f32; measured errors there: tiny 0.2929 / 0.4537 /
+    // 0.2562, reg4 0.3345 / 0.2225 / 0.2628, gated 0.0112 / 0.0056 / 0.0044. On aarch64 with FP16
+    // arithmetic (Jetson Orin; qemu's CPU) its NEON-FP16 kernels accumulate in f16, 2-6x less exact;
+    // measured under qemu-aarch64: tiny 1.2879 / 0.8018 / 0.9821, reg4 1.4573 / 0.5780 / 1.5138,
+    // gated 0.0234 / 0.0109 / 0.0188.
+    let bounds_by_model = if cfg!(target_arch = "aarch64") {
+        [("chmv2_tiny", [3.9, 2.4, 3.0]), ("chmv2_reg4", [4.4, 1.8, 4.5]), ("chmv2_gated", [0.07, 0.033, 0.056])]
+    } else {
+        [("chmv2_tiny", [1.2, 1.8, 1.0]), ("chmv2_reg4", [1.3, 0.9, 1.05]), ("chmv2_gated", [0.045, 0.022, 0.018])]
+    };
+    for (name, bounds) in bounds_by_model {
         let dir = fixture(name);
         let inputs = tensors(&dir, "input.safetensors");
         let expected = tensors(&dir, "expected.safetensors");
