@@ -228,13 +228,19 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_rename_removes_the_temp_file() {
+    fn a_failed_commit_removes_the_temp_file() {
         let d = tempfile::tempdir().unwrap();
-        // A non-empty directory at the destination: the rename must fail.
+        // A directory is refused at create; one that appears while the temp file is written must make
+        // commit fail, leave the directory as it is and remove the temp file.
         let dest = d.path().join("taken");
         std::fs::create_dir(&dest).unwrap();
+        assert!(write_atomic(&dest, b"new").unwrap_err().to_string().contains("taken"));
+        std::fs::remove_dir(&dest).unwrap();
+        let mut f = AtomicFile::create(&dest).unwrap();
+        f.write_all(b"new").unwrap();
+        std::fs::create_dir(&dest).unwrap();
         std::fs::write(dest.join("inside"), b"x").unwrap();
-        let e = write_atomic(&dest, b"new").unwrap_err();
+        let e = f.commit().unwrap_err();
         assert!(e.to_string().contains("taken"), "{e}");
         assert_eq!(names(d.path()), vec!["taken"]);
         assert_eq!(names(&dest), vec!["inside"]);
