@@ -175,8 +175,21 @@ impl DepthAnything {
     /// `pixel_values` `[B, 3, H, W]` → `predicted_depth` `[B, H', W']` (H' = ⌊H/p⌋·p).
     pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
         let span = Span::new("da2.backbone");
-        let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;
+        let features = self.backbone_features(pixel_values)?;
         drop(span);
+        self.decode(&features)
+    }
+
+    /// The backbone's token maps for the neck (what a frozen backbone hands a trainable head).
+    pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<BackboneFeatures> {
+        let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;
+        Ok(BackboneFeatures { tokens, ph, pw })
+    }
+
+    /// Neck and head on backbone features → `predicted_depth` `[B, ph·p, pw·p]`.
+    pub fn decode(&self, features: &BackboneFeatures) -> Result<Tensor> {
+        let BackboneFeatures { tokens, ph, pw } = features;
+        let (ph, pw) = (*ph, *pw);
         let span = Span::new("da2.reassemble");
         let mut feats = Vec::with_capacity(tokens.len());
         for ((t, re), conv) in tokens.iter().zip(&self.reassemble).zip(&self.convs) {
@@ -197,6 +210,40 @@ impl DepthAnything {
             DepthKind::Metric => candle_nn::ops::sigmoid(&x)?,
         };
         Ok((x * self.head.max_depth)?.squeeze(1)?)
+    }
+}
+
+/// Backbone token maps `[B, 1 + ph·pw, D]` per neck level, on a `ph`×`pw` patch grid.
+#[derive(Clone)]
+pub struct BackboneFeatures {
+    /// One token map per neck level.
+    pub tokens: Vec<Tensor>,
+    /// Patch rows.
+    pub ph: usize,
+    /// Patch columns.
+    pub pw: usize,
+}
+
+impl BackboneFeatures {
+    /// Image `i` of the batch alone.
+    pub fn item(&self, i: usize) -> Result<Self> {
+        let tokens = self.tokens.iter().map(|t| Ok(t.narrow(0, i, 1)?.contiguous()?)).collect::<Result<_>>()?;
+        Ok(BackboneFeatures { tokens, ph: self.ph, pw: self.pw })
+    }
+
+    /// Stacks single-image features (same grid) into one batch.
+    pub fn stack(items: &[&BackboneFeatures]) -> Result<Self> {
+        let first = items.first().ok_or_else(|| Error::Input("no features to stack".into()))?;
+        let levels = first.tokens.len();
+        let tokens = (0..levels)
+            .map(|l| Ok(Tensor::cat(&items.iter().map(|f| f.tokens[l].clone()).collect::<Vec<_>>(), 0)?))
+            .collect::<Result<_>>()?;
+        Ok(BackboneFeatures { tokens, ph: first.ph, pw: first.pw })
+    }
+
+    /// Bytes the token maps hold.
+    pub fn bytes(&self) -> usize {
+        self.tokens.iter().map(|t| t.elem_count() * t.dtype().size_in_bytes()).sum()
     }
 }
 

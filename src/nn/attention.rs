@@ -22,7 +22,7 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor
             Some(bias) => s.broadcast_add(&bias)?,
             None => s,
         };
-        let p = candle_nn::ops::softmax_last_dim(&s)?;
+        let p = crate::nn::grad::softmax_last_dim(&s)?;
         Ok(p.matmul(v)?)
     };
     if chunk >= nq {

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::activation::Activation;
 use super::attention::{merge_heads, sdpa, split_heads};
 use super::interpolate::{bicubic, Resize};
+use super::grad::layer_norm as layer_norm_grad;
 use super::layers::{conv2d, layer_norm};
 use super::linear::Linear;
 use super::rope2d::Rope2d;
@@ -411,19 +412,19 @@ impl Block {
 
     /// `x + ls1·attn(norm1 x)`, then `x + ls2·ffn(norm2 x)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.attn.forward(&self.norm1.forward(x)?)?;
+        let h = self.attn.forward(&layer_norm_grad(&self.norm1, x)?)?;
         self.finish(x, &h)
     }
 
     /// As `forward`, with `rotate` applied to the attention's per-head queries and keys.
     pub fn forward_rotated(&self, x: &Tensor, rotate: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
-        let h = self.attn.forward_rotated(&self.norm1.forward(x)?, rotate)?;
+        let h = self.attn.forward_rotated(&layer_norm_grad(&self.norm1, x)?, rotate)?;
         self.finish(x, &h)
     }
 
     fn finish(&self, x: &Tensor, h: &Tensor) -> Result<Tensor> {
         let x = (x + h.broadcast_mul(&self.ls1)?)?;
-        let h = self.ffn.forward(&self.norm2.forward(&x)?)?;
+        let h = self.ffn.forward(&layer_norm_grad(&self.norm2, &x)?)?;
         Ok((x + h.broadcast_mul(&self.ls2)?)?)
     }
 }
@@ -559,7 +560,7 @@ impl Dinov2 {
             .iter()
             .map(|&i| {
                 let s = states[i].clone().ok_or_else(|| Error::Config(format!("hidden state {i} not computed")))?;
-                Ok(if self.cfg.apply_layernorm { self.norm.forward(&s)? } else { s })
+                Ok(if self.cfg.apply_layernorm { layer_norm_grad(&self.norm, &s)? } else { s })
             })
             .collect::<Result<_>>()?;
         Ok((out, ph, pw))
@@ -629,7 +630,7 @@ impl Dinov2 {
                 local = x.clone();
             }
             if out_blocks.contains(&i) {
-                let normed = self.norm.forward(&x)?;
+                let normed = layer_norm_grad(&self.norm, &x)?;
                 let mut o = if self.opts.cat_token { Tensor::cat(&[&local, &normed], 2)? } else { normed };
                 if let Some(inv) = &restore {
                     o = o.index_select(inv, 0)?;

@@ -71,7 +71,7 @@ impl ReassembleLayer {
         Ok(match &self.resize {
             Resample::Up(c) => c.forward(x)?,
             Resample::Identity => x.clone(),
-            Resample::Down(c) => c.forward(x)?,
+            Resample::Down(c) => super::grad::conv2d(c, x)?,
         })
     }
 }

@@ -101,7 +101,7 @@ pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result
     check_axis(h, oh)?;
     check_axis(w, ow)?;
     (b * c).checked_mul(oh * ow).ok_or_else(|| Error::Input(format!("bilinear resize of {:?} to {oh}×{ow} overflows", x.dims())))?;
-    Ok(x.upsample_bilinear2d(oh, ow, align_corners)?)
+    Ok(super::grad::bilinear(x, oh, ow, align_corners)?)
 }
 
 /// Bicubic resize (PyTorch semantics, align_corners=False, by size) of one row-major `h`×`w` map on

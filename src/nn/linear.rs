@@ -117,12 +117,15 @@ impl Module for Linear {
 
 impl Linear {
     /// Fuses several dense layers over the same input into one (outputs concatenated), or None when
-    /// any part is quantized.
+    /// any part is quantized or trainable (a fused copy would not follow the optimiser's updates).
     pub fn concat(parts: &[Linear]) -> Result<Option<Linear>> {
         let mut ws = Vec::with_capacity(parts.len());
         let mut bs = Vec::with_capacity(parts.len());
         for p in parts {
             let Weight::Dense(w) = &p.weight else { return Ok(None) };
+            if w.is_variable() || p.bias.as_ref().is_some_and(|b| b.is_variable()) {
+                return Ok(None);
+            }
             ws.push(w.clone());
             bs.push(p.bias.clone());
         }

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod dinov2;
 pub mod dinov3;
 pub mod dpt;
+pub mod grad;
 pub mod depthwise;
 pub mod interpolate;
 pub mod layers;

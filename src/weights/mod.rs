@@ -9,6 +9,7 @@ mod mapped;
 pub mod remap;
 pub mod safetensors;
 mod store;
+pub mod trainable;
 pub mod vb;
 
 pub use dtype::StoredDType;
@@ -17,4 +18,5 @@ pub use gguf::MetaValue;
 pub use limits::Limits;
 pub use remap::{Alias, Remap};
 pub use store::{Format, WeightStore, CONFIG_METADATA_KEY};
+pub use trainable::Trainable;
 pub use vb::Vb;

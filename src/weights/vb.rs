@@ -8,6 +8,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::VarBuilder;
 
 use super::store::WeightStore;
+use super::trainable::Trainable;
 use crate::error::Result;
 
 /// A prefix-scoped handle on a weight store with the compute dtype and device.
@@ -17,12 +18,13 @@ pub struct Vb {
     prefix: String,
     dtype: DType,
     device: Device,
+    trainable: Option<Arc<Trainable>>,
 }
 
 impl Vb {
     /// A root view over `store`, materialising tensors in `dtype` on `device`.
     pub fn new(store: Arc<WeightStore>, dtype: DType, device: Device) -> Self {
-        Vb { store, prefix: String::new(), dtype, device }
+        Vb { store, prefix: String::new(), dtype, device, trainable: None }
     }
 
     /// The view one level down (`prefix.name`).
@@ -60,6 +62,24 @@ impl Vb {
         &self.store
     }
 
+    /// The same view loading the tensors `trainable` selects as f32 Vars (never quantized).
+    pub fn with_trainable(&self, trainable: Arc<Trainable>) -> Self {
+        Vb { trainable: Some(trainable), ..self.clone() }
+    }
+
+    /// Registers a just-loaded tensor as a Var when this view trains it.
+    fn adopt(&self, name: &str, t: Tensor) -> Result<Tensor> {
+        match &self.trainable {
+            Some(tr) if tr.selects(name) => tr.adopt(name, t),
+            _ => Ok(t),
+        }
+    }
+
+    /// Whether the tensor `name` under this prefix loads as a trainable Var.
+    pub fn is_trainable(&self, name: &str) -> bool {
+        self.trainable.as_ref().is_some_and(|t| t.selects(&self.path(name)))
+    }
+
     /// The same view with another compute dtype (e.g. f32 for numerically sensitive parts).
     pub fn with_dtype(&self, dtype: DType) -> Self {
         Vb { dtype, ..self.clone() }
@@ -73,7 +93,8 @@ impl Vb {
     /// Loads `name` with the expected shape, in the compute dtype.
     pub fn get(&self, shape: impl Into<Shape>, name: &str) -> Result<Tensor> {
         let shape: Shape = shape.into();
-        self.store.tensor_shaped(&self.path(name), shape.dims(), self.dtype, &self.device)
+        let path = self.path(name);
+        self.adopt(&path, self.store.tensor_shaped(&path, shape.dims(), self.dtype, &self.device)?)
     }
 
     /// Loads `name` with the expected shape if present.
@@ -87,11 +108,15 @@ impl Vb {
 
     /// Loads `name` in its stored shape.
     pub fn get_any(&self, name: &str) -> Result<Tensor> {
-        self.store.tensor(&self.path(name), self.dtype, &self.device)
+        let path = self.path(name);
+        self.adopt(&path, self.store.tensor(&path, self.dtype, &self.device)?)
     }
 
     /// Loads `name` as a quantized tensor when stored quantized.
     pub fn qtensor(&self, name: &str) -> Result<Option<QTensor>> {
+        if self.is_trainable(name) {
+            return Ok(None);
+        }
         self.store.qtensor(&self.path(name), &self.device)
     }
 

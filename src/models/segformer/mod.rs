@@ -277,7 +277,7 @@ impl PatchEmbed {
     fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, usize, usize)> {
         let y = self.proj.forward(x)?;
         let (_, _, h, w) = y.dims4()?;
-        Ok((self.norm.forward(&nchw_to_tokens(&y)?)?, h, w))
+        Ok((crate::nn::grad::layer_norm(&self.norm, &nchw_to_tokens(&y)?)?, h, w))
     }
 }
 
@@ -322,7 +322,7 @@ impl Attention {
         let (b, n, _) = x.dims3()?;
         let q = self.heads(&self.query.forward(x)?)?;
         let kv = match &self.sr {
-            Some((conv, norm)) => norm.forward(&nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?,
+            Some((conv, norm)) => crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?,
             None => x.clone(),
         };
         let k = self.heads(&self.key.forward(&kv)?)?;
@@ -332,7 +332,7 @@ impl Attention {
         // Softmax in f32, as the reference (`softmax(..., dtype=torch.float32)`).
         let dt = scores.dtype();
         let probs = if dt == DType::F32 || dt == DType::F64 {
-            candle_nn::ops::softmax_last_dim(&scores)?
+            crate::nn::grad::softmax_last_dim(&scores)?
         } else {
             candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?.to_dtype(dt)?
         };
@@ -403,8 +403,8 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
-        let x = (x + self.attn.forward(&self.norm1.forward(x)?, h, w)?)?;
-        &x + self.mlp.forward(&self.norm2.forward(&x)?, h, w)?
+        let x = (x + self.attn.forward(&crate::nn::grad::layer_norm(&self.norm1, x)?, h, w)?)?;
+        &x + self.mlp.forward(&crate::nn::grad::layer_norm(&self.norm2, &x)?, h, w)?
     }
 }
 
@@ -508,7 +508,7 @@ impl DecodeHead {
         let mut ups = Vec::with_capacity(feats.len());
         for ((t, h, w), proj) in feats.iter().zip(&self.proj).rev() {
             let y = tokens_to_nchw(&proj.forward(t)?, *h, *w)?;
-            ups.push(if (*h, *w) == (h0, w0) { y } else { y.upsample_bilinear2d(h0, w0, false)? });
+            ups.push(if (*h, *w) == (h0, w0) { y } else { crate::nn::grad::bilinear(&y, h0, w0, false)? });
         }
         let x = Tensor::cat(&ups, 1)?;
         let x = self.fuse.forward(&x)?.relu()?;
@@ -685,7 +685,7 @@ impl SegformerForSemanticSegmentation {
             for b in &st.blocks {
                 t = b.forward(&t, h, w)?;
             }
-            let t = st.norm.forward(&t)?;
+            let t = crate::nn::grad::layer_norm(&st.norm, &t)?;
             if s + 1 < self.stages.len() {
                 x = tokens_to_nchw(&t, h, w)?;
             }

@@ -1,0 +1,161 @@
+//! Every op on a fine-tuning path has a backward that agrees with central finite differences in
+//! f64 — including the ops whose fast Candle kernels record no backward (edgerun's differentiable
+//! paths in `nn::grad`) and Candle's strided conv backward, which is wrong for uneven remainders.
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Module, Tensor, Var};
+use candle_nn::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use edgerun::models::depth_anything::DepthAnything;
+use edgerun::nn::grad;
+use edgerun::weights::{Trainable, Vb, WeightStore};
+
+const DEV: Device = Device::Cpu;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        })
+        .collect()
+}
+
+fn var(shape: &[usize], seed: u64) -> Var {
+    let n = shape.iter().product();
+    Var::from_tensor(&Tensor::from_vec(values(n, seed), shape, &DEV).unwrap()).unwrap()
+}
+
+/// A scalar that weighs every output element differently, so no gradient can cancel out.
+fn weigh(y: &Tensor) -> Tensor {
+    let w = Tensor::from_vec(values(y.elem_count(), 99), y.dims(), &DEV).unwrap();
+    (y * w).unwrap().sum_all().unwrap()
+}
+
+/// Checks d f / d v for every Var in `vars` (up to `per_var` coordinates each) against central
+/// differences; a Var the backward leaves without a gradient fails the check.
+fn check(vars: &[(&str, &Var)], f: &dyn Fn() -> Tensor, per_var: usize) {
+    let grads = f().backward().unwrap();
+    let all: Vec<Vec<f64>> = vars
+        .iter()
+        .map(|(name, v)| grads.get(v.as_tensor()).unwrap_or_else(|| panic!("{name}: no gradient")).flatten_all().unwrap().to_vec1::<f64>().unwrap())
+        .collect();
+    // Errors are measured against the largest gradient of the check: rounding in components many
+    // orders below it (an analytically zero key bias) is not an error, a dropped gradient is.
+    let scale = all.iter().flatten().fold(1e-3f64, |m, v| m.max(v.abs()));
+    for ((name, v), g) in vars.iter().zip(&all) {
+        let base = v.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let n = base.len();
+        let step = (n / per_var).max(1);
+        for i in (0..n).step_by(step) {
+            let eval = |d: f64| {
+                let mut p = base.clone();
+                p[i] += d;
+                v.set(&Tensor::from_vec(p, v.dims(), &DEV).unwrap()).unwrap();
+                f().to_scalar::<f64>().unwrap()
+            };
+            let h = 1e-5;
+            let fd = (eval(h) - eval(-h)) / (2.0 * h);
+            v.set(&Tensor::from_vec(base.clone(), v.dims(), &DEV).unwrap()).unwrap();
+            let err = (fd - g[i]).abs() / scale;
+            assert!(err < 1e-6, "{name}[{i}]: backward {} vs finite difference {fd} (largest gradient {scale})", g[i]);
+        }
+    }
+}
+
+#[test]
+fn bilinear_by_matmul_equals_the_kernel() {
+    let x = Tensor::from_vec(values(2 * 3 * 5 * 7, 1).iter().map(|&v| v as f32).collect::<Vec<_>>(), (2, 3, 5, 7), &DEV).unwrap();
+    for &(oh, ow) in &[(10, 14), (11, 20), (3, 4), (5, 7), (1, 9)] {
+        for align in [false, true] {
+            let fast = x.upsample_bilinear2d(oh, ow, align).unwrap();
+            let mm = grad::bilinear_by_matmul(&x, oh, ow, align).unwrap();
+            let d = (fast - mm).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(d < 1e-5, "{oh}×{ow} align {align}: max difference {d}");
+        }
+    }
+}
+
+#[test]
+fn bilinear_backward_matches_finite_differences() {
+    for align in [false, true] {
+        let x = var(&[1, 2, 4, 5], 2);
+        check(&[("x", &x)], &|| weigh(&grad::bilinear(x.as_tensor(), 7, 11, align).unwrap()), 40);
+        check(&[("x", &x)], &|| weigh(&grad::bilinear(x.as_tensor(), 3, 3, align).unwrap()), 40);
+    }
+}
+
+#[test]
+fn layer_norm_and_softmax_backward_match_finite_differences() {
+    let (x, w, b) = (var(&[2, 3, 6], 3), var(&[6], 4), var(&[6], 5));
+    let norm = LayerNorm::new(w.as_tensor().clone(), b.as_tensor().clone(), 1e-6);
+    check(&[("x", &x), ("weight", &w), ("bias", &b)], &|| weigh(&grad::layer_norm(&norm, x.as_tensor()).unwrap()), 36);
+    check(&[("x", &x)], &|| weigh(&grad::softmax_last_dim(x.as_tensor()).unwrap()), 36);
+}
+
+#[test]
+fn the_fast_kernels_drop_gradients_that_the_grad_paths_keep() {
+    // Guards the premise: if Candle starts recording these backwards, nn::grad can be simplified.
+    let x = var(&[2, 6], 6);
+    let fused = candle_nn::ops::softmax_last_dim(x.as_tensor()).unwrap();
+    assert!(weigh(&fused).backward().unwrap().get(x.as_tensor()).is_none());
+    let ours = grad::softmax_last_dim(x.as_tensor()).unwrap();
+    assert!(weigh(&ours).backward().unwrap().get(x.as_tensor()).is_some());
+}
+
+#[test]
+fn strided_conv_backward_is_right_for_uneven_remainders() {
+    let (x, w, b) = (var(&[2, 3, 4, 5], 7), var(&[4, 3, 3, 3], 8), var(&[4], 9));
+    let conv = Conv2d::new(w.as_tensor().clone(), Some(b.as_tensor().clone()), Conv2dConfig { stride: 2, padding: 1, ..Default::default() });
+    // Candle's own backward fails on this shape (its input gradient comes out 4×6).
+    assert!(weigh(&conv.forward(x.as_tensor()).unwrap()).backward().is_err());
+    let y = grad::conv2d(&conv, x.as_tensor()).unwrap();
+    let want = conv.forward(&x.as_tensor().detach()).unwrap();
+    assert_eq!(y.dims(), want.dims());
+    let d = (y.detach() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+    assert!(d < 1e-12, "forward differs by {d}");
+    check(&[("x", &x), ("weight", &w), ("bias", &b)], &|| weigh(&grad::conv2d(&conv, x.as_tensor()).unwrap()), 30);
+}
+
+#[test]
+fn conv_and_transposed_conv_backward_match_finite_differences() {
+    let (x, w, b) = (var(&[1, 3, 5, 4], 10), var(&[2, 3, 3, 3], 11), var(&[2], 12));
+    let conv = Conv2d::new(w.as_tensor().clone(), Some(b.as_tensor().clone()), Conv2dConfig { padding: 1, ..Default::default() });
+    check(&[("x", &x), ("weight", &w), ("bias", &b)], &|| weigh(&conv.forward(x.as_tensor()).unwrap()), 30);
+    let (wt, bt) = (var(&[3, 2, 2, 2], 13), var(&[2], 14));
+    let up = ConvTranspose2d::new(wt.as_tensor().clone(), Some(bt.as_tensor().clone()), ConvTranspose2dConfig { stride: 2, ..Default::default() });
+    check(&[("x", &x), ("weight", &wt), ("bias", &bt)], &|| weigh(&up.forward(x.as_tensor()).unwrap()), 30);
+}
+
+#[test]
+fn activations_backward_match_finite_differences() {
+    let x = var(&[3, 7], 15);
+    check(&[("x", &x)], &|| weigh(&x.as_tensor().gelu_erf().unwrap()), 21);
+    check(&[("x", &x)], &|| weigh(&candle_nn::ops::sigmoid(x.as_tensor()).unwrap()), 21);
+    check(&[("x", &x)], &|| weigh(&x.as_tensor().relu().unwrap()), 21);
+}
+
+/// The whole Depth Anything path that `train = "last:1"` trains — backbone block (LayerNorm,
+/// attention softmax, GELU MLP, layer scale), final norm, neck (reassemble, strided conv,
+/// transposed convs, fusion with bilinear resizes) and head — in f64 at an uneven 4×5 patch grid.
+#[test]
+fn depth_anything_backward_matches_finite_differences() {
+    let store = Arc::new(WeightStore::open("tests/fixtures/da2_relative_p14").unwrap());
+    let chosen = |n: &str| !n.starts_with("backbone.") || n.starts_with("backbone.encoder.layer.3.") || n.starts_with("backbone.layernorm.");
+    let trainable = Trainable::new(chosen);
+    let vb = Vb::new(store.clone(), DType::F64, DEV).with_trainable(trainable.clone());
+    let model = DepthAnything::load(&vb, store.config()).unwrap();
+    let vars = trainable.vars();
+    // Every selected tensor the model reads became a Var; transformers stores an unused residual
+    // unit for the first fusion layer, which is never loaded.
+    let unused = |n: &str| n.starts_with("neck.fusion_stage.layers.0.residual_layer1.");
+    let expect: Vec<&String> = store.entries().keys().filter(|n| chosen(n) && !unused(n)).collect();
+    assert_eq!(vars.iter().map(|(n, _)| n).collect::<Vec<_>>(), expect);
+    let x = Tensor::from_vec(values(3 * 56 * 70, 16), (1, 3, 56, 70), &DEV).unwrap();
+    let f = || weigh(&model.forward(&x).unwrap());
+    let pick: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    check(&pick, &f, 3);
+}
