@@ -17,6 +17,7 @@ pub mod paths;
 pub mod quantize;
 pub mod tasks;
 pub mod tiling;
+pub mod train;
 pub mod tensor_io;
 pub mod memory;
 pub mod walk;

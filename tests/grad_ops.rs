@@ -159,3 +159,20 @@ fn depth_anything_backward_matches_finite_differences() {
     let pick: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
     check(&pick, &f, 3);
 }
+
+#[test]
+fn losses_backward_match_finite_differences() {
+    use edgerun::train::losses;
+    let p = Var::from_tensor(&Tensor::from_vec(values(2 * 3 * 4, 20).iter().map(|v| v + 1.5).collect::<Vec<_>>(), (2, 3, 4), &DEV).unwrap()).unwrap();
+    let mut t = values(2 * 3 * 4, 21).iter().map(|v| 1.2 + v).collect::<Vec<_>>();
+    t[3] = f64::NAN;
+    t[17] = f64::INFINITY;
+    let t = Tensor::from_vec(t, (2, 3, 4), &DEV).unwrap();
+    check(&[("pred", &p)], &|| losses::silog(p.as_tensor(), &t, 0.5).unwrap(), 24);
+    check(&[("pred", &p)], &|| losses::ssi(p.as_tensor(), &t).unwrap(), 24);
+    check(&[("pred", &p)], &|| losses::l1(p.as_tensor(), &t).unwrap(), 24);
+    let x = var(&[2, 4, 2, 3], 22);
+    let classes = Tensor::new(&[[[0u32, 3, 255], [1, 2, 2]], [[3, 255, 0], [1, 1, 0]]], &DEV).unwrap();
+    check(&[("logits", &x)], &|| losses::cross_entropy(x.as_tensor(), &classes, 255).unwrap(), 48);
+    check(&[("logits", &x)], &|| losses::focal(x.as_tensor(), &classes, 2.0, 255).unwrap(), 48);
+}

@@ -5,6 +5,7 @@ mod common;
 mod depth;
 mod doctor;
 mod edges;
+mod finetune;
 mod forward;
 mod inspect;
 mod lgatr;
@@ -44,6 +45,7 @@ enum Command {
     Chm(chm::Args),
     Annotate(annotate::Args),
     Lgatr(lgatr::Args),
+    Finetune(finetune::Args),
 }
 
 /// What parsing the command line came to.
@@ -133,6 +135,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Annotate(a) => annotate::run(a),
         Command::Lgatr(a) => lgatr::run(a),
         Command::Chm(a) => chm::run(a),
+        Command::Finetune(a) => finetune::run(a),
     }
 }
 

@@ -1,0 +1,192 @@
+//! `finetune.toml`: what to train, on which data, and how; every number bounded before use.
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::select::TrainSpec;
+use crate::error::{Error, Result};
+
+/// Largest side of a training input.
+pub const MAX_TRAIN_SIDE: usize = 4096;
+/// Most epochs.
+pub const MAX_EPOCHS: usize = 100_000;
+/// Largest micro-batch and accumulation count.
+pub const MAX_BATCH: usize = 1024;
+
+/// The fine-tuning configuration (TOML; each key may be overridden on the command line).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinetuneConfig {
+    /// Model directory (config.json + model.safetensors) or GGUF file.
+    pub model: PathBuf,
+    /// `depth` (Depth Anything V1/V2).
+    pub task: String,
+    /// Data directory: `images/<name>.{png,jpg,jpeg,tif,tiff}` and `targets/<name>.npy`.
+    pub data: PathBuf,
+    /// Output directory: `last/`, `best/`, `log.jsonl`, `state/`.
+    pub out: PathBuf,
+    /// Training resolution `[H, W]`, multiples of the patch size.
+    #[serde(default = "default_input_size")]
+    pub input_size: [usize; 2],
+    /// Passes over the training split.
+    #[serde(default = "one")]
+    pub epochs: usize,
+    /// Images per micro-batch.
+    #[serde(default = "two")]
+    pub batch: usize,
+    /// Micro-batches per optimiser step.
+    #[serde(default = "one")]
+    pub accumulate: usize,
+    /// `head`, `last:N` or `all`.
+    #[serde(default = "head")]
+    pub train: String,
+    /// Loss: `ssi` (relative depth, default for relative models), `silog` (metric), `l1`.
+    #[serde(default)]
+    pub loss: Option<String>,
+    /// One-cycle peak learning rate.
+    #[serde(default = "max_lr")]
+    pub max_lr: f64,
+    /// One-cycle warm-up fraction.
+    #[serde(default = "pct_start")]
+    pub pct_start: f64,
+    /// Initial lr = max_lr / div_factor.
+    #[serde(default = "div_factor")]
+    pub div_factor: f64,
+    /// Final lr = initial lr / final_div_factor.
+    #[serde(default = "final_div_factor")]
+    pub final_div_factor: f64,
+    /// Cycle AdamW's β1 between 0.95 and 0.85 inversely to the rate (PyTorch's default; off here).
+    #[serde(default)]
+    pub cycle_momentum: bool,
+    /// AdamW decoupled weight decay.
+    #[serde(default = "weight_decay")]
+    pub weight_decay: f64,
+    /// Gradient-norm clipping (0 = off).
+    #[serde(default = "clip")]
+    pub clip_grad_norm: f64,
+    /// EMA decay (0 = no EMA; validation and outputs then use the live weights).
+    #[serde(default = "ema_decay")]
+    pub ema_decay: f64,
+    /// EMA warm-up (timm `ModelEmaV3` use_warmup).
+    #[serde(default = "yes")]
+    pub ema_warmup: bool,
+    /// Fraction of the data held out for validation (deterministic by file name).
+    #[serde(default = "val_fraction")]
+    pub val_fraction: f64,
+    /// Validate every N optimiser steps (and at the end).
+    #[serde(default = "every")]
+    pub val_every: usize,
+    /// Save `state/` and `last/` every N optimiser steps (and at the end).
+    #[serde(default = "every")]
+    pub save_every: usize,
+    /// Seed of the data order and augmentation.
+    #[serde(default)]
+    pub seed: u64,
+    /// Photometric augmentation and horizontal flips (turns off the frozen-feature cache).
+    #[serde(default)]
+    pub augment: bool,
+    /// MiB of frozen-backbone features to cache (features beyond it are recomputed).
+    #[serde(default = "cache_mib")]
+    pub feature_cache_mib: usize,
+}
+
+fn default_input_size() -> [usize; 2] { [518, 518] }
+fn one() -> usize { 1 }
+fn two() -> usize { 2 }
+fn head() -> String { "head".into() }
+fn max_lr() -> f64 { 1e-4 }
+fn pct_start() -> f64 { 0.3 }
+fn div_factor() -> f64 { 25.0 }
+fn final_div_factor() -> f64 { 1e4 }
+fn weight_decay() -> f64 { 1e-2 }
+fn clip() -> f64 { 1.0 }
+fn ema_decay() -> f64 { 0.999 }
+fn yes() -> bool { true }
+fn val_fraction() -> f64 { 0.1 }
+fn every() -> usize { 50 }
+fn cache_mib() -> usize { 1024 }
+
+/// The commented default `finetune.toml` (`edgerun finetune --print-config`).
+pub const DEFAULT_TOML: &str = include_str!("default_finetune.toml");
+
+impl FinetuneConfig {
+    /// Parses TOML; relative paths are taken from `base_dir` (the file's directory).
+    pub fn from_toml(text: &str, base_dir: &Path) -> Result<Self> {
+        let mut c: FinetuneConfig = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        for p in [&mut c.model, &mut c.data, &mut c.out] {
+            if p.is_relative() && !p.as_os_str().is_empty() {
+                *p = base_dir.join(&*p);
+            }
+        }
+        Ok(c)
+    }
+
+    /// Reads and parses a config file (size-limited).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::from_toml(&text, base).map_err(|e| match e {
+            Error::Config(m) => Error::bad_file(path, m),
+            o => o,
+        })
+    }
+
+    /// The parsed `train` setting.
+    pub fn train_spec(&self) -> Result<TrainSpec> {
+        TrainSpec::parse(&self.train)
+    }
+
+    /// Checks every setting; names the first that is out of range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |k: &str, msg: String| Err(Error::Config(format!("{k}: {msg}")));
+        if self.task != "depth" {
+            return bad("task", format!("`{}` is not supported yet (supported: depth)", self.task));
+        }
+        for (k, p) in [("model", &self.model), ("data", &self.data), ("out", &self.out)] {
+            if p.as_os_str().is_empty() {
+                return bad(k, "is required".into());
+            }
+        }
+        let [h, w] = self.input_size;
+        if !(1..=MAX_TRAIN_SIDE).contains(&h) || !(1..=MAX_TRAIN_SIDE).contains(&w) {
+            return bad("input_size", format!("[{h}, {w}]: each side must be in 1..={MAX_TRAIN_SIDE}"));
+        }
+        for (k, v, max) in [("epochs", self.epochs, MAX_EPOCHS), ("batch", self.batch, MAX_BATCH), ("accumulate", self.accumulate, MAX_BATCH), ("val_every", self.val_every, usize::MAX), ("save_every", self.save_every, usize::MAX)] {
+            if v == 0 || v > max {
+                return bad(k, format!("{v} is outside 1..={max}"));
+            }
+        }
+        self.train_spec()?;
+        if let Some(l) = &self.loss {
+            if !["ssi", "silog", "l1"].contains(&l.as_str()) {
+                return bad("loss", format!("`{l}`: expected ssi, silog or l1"));
+            }
+        }
+        let finite_in = |k: &str, v: f64, lo: f64, hi: f64, lo_open: bool| -> Result<()> {
+            let ok = v.is_finite() && v <= hi && if lo_open { v > lo } else { v >= lo };
+            if ok { Ok(()) } else { bad(k, format!("{v} is outside {}{lo}, {hi}]", if lo_open { "(" } else { "[" })) }
+        };
+        finite_in("max_lr", self.max_lr, 0.0, 10.0, true)?;
+        finite_in("pct_start", self.pct_start, 0.0, 1.0, true)?;
+        finite_in("div_factor", self.div_factor, 0.0, 1e12, true)?;
+        finite_in("final_div_factor", self.final_div_factor, 0.0, 1e12, true)?;
+        finite_in("weight_decay", self.weight_decay, 0.0, 10.0, false)?;
+        finite_in("clip_grad_norm", self.clip_grad_norm, 0.0, 1e12, false)?;
+        finite_in("ema_decay", self.ema_decay, 0.0, 1.0, false)?;
+        finite_in("val_fraction", self.val_fraction, 0.0, 0.9, false)?;
+        if self.feature_cache_mib > 1 << 30 {
+            return bad("feature_cache_mib", format!("{} is too large", self.feature_cache_mib));
+        }
+        Ok(())
+    }
+
+    /// What must match for a saved state to be resumed (everything that changes the result).
+    pub fn fingerprint(&self) -> String {
+        let mut c = self.clone();
+        c.out = PathBuf::new();
+        c.save_every = 0;
+        c.val_every = 0;
+        c.feature_cache_mib = 0;
+        serde_json::to_string(&c).unwrap_or_default()
+    }
+}

@@ -1,0 +1,360 @@
+//! The fine-tuning loop: micro-batches accumulated into AdamW steps on a one-cycle schedule, an EMA
+//! of the weights, validation, `last/` + `best/` model directories, a JSONL log and resumable state.
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::adamw::{AdamW, AdamWConfig};
+use super::checkpoint::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
+use super::config::FinetuneConfig;
+use super::data::{load_sample, Augment, Dataset, Pair, SampleSpec};
+use super::ema::{Ema, EmaConfig};
+use super::features::FeatureCache;
+use super::grads::Grads;
+use super::losses;
+use super::rng::SplitMix;
+use super::schedule::{OneCycle, OneCycleConfig};
+use super::select::{select, TrainSpec, DEPTH_ANYTHING};
+use crate::error::{Error, Result};
+use crate::models::depth_anything::{DepthAnything, DepthKind};
+use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
+use crate::weights::{Trainable, Vb, WeightStore};
+
+/// The regression loss of a depth task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DepthLoss {
+    /// Scale-and-shift-invariant (relative depth).
+    Ssi,
+    /// Scale-invariant log (metric depth).
+    Silog,
+    /// Masked L1.
+    L1,
+}
+
+impl DepthLoss {
+    fn of(name: Option<&str>, kind: DepthKind) -> Self {
+        match (name, kind) {
+            (Some("silog"), _) | (None, DepthKind::Metric) => DepthLoss::Silog,
+            (Some("l1"), _) => DepthLoss::L1,
+            _ => DepthLoss::Ssi,
+        }
+    }
+
+    fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+        match self {
+            DepthLoss::Ssi => losses::ssi(pred, target),
+            DepthLoss::Silog => losses::silog(pred, target, 0.5),
+            DepthLoss::L1 => losses::l1(pred, target),
+        }
+    }
+}
+
+/// What a finished (or resumed-and-finished) run reports.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Optimiser steps in the run.
+    pub total_steps: usize,
+    /// Steps this process took (after a resume, fewer than `total_steps`).
+    pub steps_taken: usize,
+    /// Trainable parameters (elements).
+    pub trainable: usize,
+    /// Best validation loss.
+    pub best_val: Option<f64>,
+    /// Wall time of the steps this process took.
+    pub seconds: f64,
+}
+
+/// A loaded fine-tuning job.
+struct Job {
+    cfg: FinetuneConfig,
+    spec: TrainSpec,
+    store: Arc<WeightStore>,
+    model: DepthAnything,
+    params: Vec<(String, Var)>,
+    data: Dataset,
+    sample: SampleSpec,
+    loss: DepthLoss,
+    cache: FeatureCache,
+    device: Device,
+}
+
+/// Runs (or resumes) the fine-tuning `cfg` describes; `note` receives progress lines.
+pub fn finetune(cfg: &FinetuneConfig, device: &Device, note: &mut dyn FnMut(&str)) -> Result<Summary> {
+    cfg.validate()?;
+    let job = Job::load(cfg, device)?;
+    job.run(note)
+}
+
+impl Job {
+    fn load(cfg: &FinetuneConfig, device: &Device) -> Result<Self> {
+        let store = Arc::new(WeightStore::open(&cfg.model)?);
+        let arch = crate::models::architecture(&store).unwrap_or_default();
+        if arch != "depth_anything" {
+            return Err(Error::bad_file(&cfg.model, format!("task `depth` fine-tunes Depth Anything V1/V2 checkpoints (model_type `depth_anything`); this is `{arch}`")));
+        }
+        let spec = cfg.train_spec()?;
+        let names: Vec<String> = store.entries().keys().cloned().collect();
+        let chosen = select(&DEPTH_ANYTHING, spec, &names)?;
+        let trainable = Trainable::new(move |n| chosen.contains(n));
+        let vb = Vb::new(store.clone(), DType::F32, device.clone()).with_trainable(trainable.clone());
+        let model = DepthAnything::load(&vb, store.config()).map_err(|e| crate::config_check::in_file(store.config_origin(), e))?;
+        let params = trainable.vars();
+        if params.is_empty() {
+            return Err(Error::Config(format!("train = `{}` trains no parameter that the model uses", spec.name())));
+        }
+        let p = model.patch_size();
+        let [h, w] = cfg.input_size;
+        if h % p != 0 || w % p != 0 {
+            return Err(Error::Config(format!("input_size [{h}, {w}]: each side must be a multiple of the patch size {p}")));
+        }
+        let data = Dataset::open(&cfg.data, cfg.val_fraction)?;
+        if data.train.is_empty() {
+            return Err(Error::bad_file(&cfg.data, "no training images left after the validation split"));
+        }
+        let loss = DepthLoss::of(cfg.loss.as_deref(), model.kind());
+        let cache_bytes = if spec == TrainSpec::Head && !cfg.augment { cfg.feature_cache_mib << 20 } else { 0 };
+        let sample = SampleSpec { size: (h, w), mean: IMAGENET_MEAN, std: IMAGENET_STD };
+        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone() })
+    }
+
+    fn micro_per_epoch(&self) -> usize {
+        self.data.train.len().div_ceil(self.cfg.batch)
+    }
+
+    fn steps_per_epoch(&self) -> usize {
+        self.micro_per_epoch().div_ceil(self.cfg.accumulate)
+    }
+
+    /// Predictions and targets of `pairs` (indices into `split`), augmented when training asks.
+    fn forward(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<(Tensor, Tensor)> {
+        let mut pixels = Vec::with_capacity(pairs.len());
+        let mut targets = Vec::with_capacity(pairs.len());
+        let mut feats = Vec::with_capacity(pairs.len());
+        for (&(val, i), aug) in pairs.iter().zip(augment) {
+            let pair: &Pair = if val { &self.data.val[i] } else { &self.data.train[i] };
+            let s = load_sample(pair, &self.sample, *aug, &self.device)?;
+            targets.push(s.target);
+            if self.spec == TrainSpec::Head {
+                let key = (val, i);
+                let f = match self.cache.get(key) {
+                    Some(f) => f,
+                    None => {
+                        let f = self.model.backbone_features(&s.pixels.unsqueeze(0)?)?;
+                        if aug.is_none() {
+                            self.cache.insert(key, &f);
+                        }
+                        f
+                    }
+                };
+                feats.push(f);
+            } else {
+                pixels.push(s.pixels);
+            }
+        }
+        let pred = if self.spec == TrainSpec::Head {
+            let refs: Vec<&_> = feats.iter().collect();
+            self.model.decode(&crate::models::depth_anything::BackboneFeatures::stack(&refs)?)?
+        } else {
+            self.model.forward(&Tensor::stack(&pixels, 0)?)?
+        };
+        Ok((pred, Tensor::stack(&targets, 0)?))
+    }
+
+    fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        self.params.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect()
+    }
+
+    /// Mean validation loss (EMA weights swapped in when there is an EMA).
+    fn validate(&mut self, ema: Option<&Ema>) -> Result<Option<f64>> {
+        if self.data.val.is_empty() {
+            return Ok(None);
+        }
+        let live: Vec<Tensor> = self.params.iter().map(|(_, v)| v.as_tensor().copy()).collect::<candle_core::Result<_>>()?;
+        if let Some(ema) = ema {
+            set_vars(&self.params, &ema.tensors().iter().map(|(_, t)| t.clone()).collect::<Vec<_>>())?;
+        }
+        let n = self.data.val.len();
+        let mut total = 0.0;
+        let mut result = Ok(());
+        for start in (0..n).step_by(self.cfg.batch) {
+            let idx: Vec<(bool, usize)> = (start..(start + self.cfg.batch).min(n)).map(|i| (true, i)).collect();
+            let r = self.forward(&idx, &vec![None; idx.len()]).and_then(|(p, t)| {
+                let l = self.loss.apply(&p.detach(), &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                Ok(l)
+            });
+            match r {
+                Ok(l) => total += l * idx.len() as f64,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        set_vars(&self.params, &live)?;
+        result?;
+        Ok(Some(total / n as f64))
+    }
+
+    /// The weights the outputs carry: the EMA's when there is one.
+    fn output_weights(&self, ema: Option<&Ema>) -> HashMap<String, Tensor> {
+        match ema {
+            Some(e) => e.tensors().iter().cloned().collect(),
+            None => self.named_tensors().into_iter().collect(),
+        }
+    }
+
+    fn run(mut self, note: &mut dyn FnMut(&str)) -> Result<Summary> {
+        let out = self.cfg.out.clone();
+        std::fs::create_dir_all(out.join("state")).map_err(|e| Error::io(&out, e))?;
+        for d in ["last", "best"] {
+            recover_model_dir(&out.join(d))?;
+        }
+        let total = self.cfg.epochs.checked_mul(self.steps_per_epoch()).ok_or_else(|| Error::Config("epochs × steps per epoch overflows".into()))?;
+        let sched = OneCycle::new(OneCycleConfig {
+            max_lr: self.cfg.max_lr,
+            total_steps: total,
+            pct_start: self.cfg.pct_start,
+            div_factor: self.cfg.div_factor,
+            final_div_factor: self.cfg.final_div_factor,
+            cycle_momentum: self.cfg.cycle_momentum,
+            ..Default::default()
+        })?;
+        let mut adam = AdamW::new(self.params.clone(), AdamWConfig { lr: sched.lr(0)?, weight_decay: self.cfg.weight_decay, ..Default::default() })?;
+        let ema_cfg = EmaConfig { decay: self.cfg.ema_decay, use_warmup: self.cfg.ema_warmup, ..Default::default() };
+        let mut ema = if self.cfg.ema_decay > 0.0 { Some(Ema::new(&self.named_tensors(), ema_cfg)?) } else { None };
+        let state_path = out.join("state").join("state.safetensors");
+        let log_path = out.join("log.jsonl");
+        let fingerprint = self.cfg.fingerprint();
+        let (mut step, mut best_val) = (0usize, None::<f64>);
+        if state_path.exists() {
+            let (tensors, meta) = load_state(&state_path, &self.device)?;
+            if meta.fingerprint != fingerprint {
+                return Err(Error::bad_file(&state_path, "saved by a run with other settings (model, data, schedule…); use another --out or delete it to start over"));
+            }
+            let take = |prefix: &str| -> HashMap<String, Tensor> {
+                tensors.iter().filter_map(|(k, t)| k.strip_prefix(prefix).map(|n| (n.to_string(), t.clone()))).collect()
+            };
+            let params = take("param.");
+            let values = self
+                .params
+                .iter()
+                .map(|(n, _)| params.get(n).cloned().ok_or_else(|| Error::bad_tensor(&state_path, format!("param.{n}"), "missing")))
+                .collect::<Result<Vec<_>>>()?;
+            set_vars(&self.params, &values)?;
+            adam.load_state(&take("adam."), meta.adam_steps)?;
+            if let Some(e) = ema.as_mut() {
+                e.load(&take("ema."))?;
+            }
+            step = meta.step;
+            best_val = meta.best_val;
+            truncate_log(&log_path, meta.log_len)?;
+            note(&format!("resuming at step {step} of {total}"));
+        } else {
+            truncate_log(&log_path, 0)?;
+        }
+        let mut log = std::fs::OpenOptions::new().append(true).create(true).open(&log_path).map_err(|e| Error::io(&log_path, e))?;
+        let trainable: usize = self.params.iter().map(|(_, v)| v.elem_count()).sum();
+        note(&format!(
+            "{} trainable tensors ({trainable} values), {} training / {} validation images, {total} steps of {} × {}",
+            self.params.len(),
+            self.data.train.len(),
+            self.data.val.len(),
+            self.cfg.batch,
+            self.cfg.accumulate
+        ));
+        let started = Instant::now();
+        let first = step;
+        let mut grads = Grads::new(&self.params);
+        while step < total {
+            let (epoch, in_epoch) = (step / self.steps_per_epoch(), step % self.steps_per_epoch());
+            let order = SplitMix::keyed(&[self.cfg.seed, epoch as u64]).permutation(self.data.train.len());
+            let micro_lo = in_epoch * self.cfg.accumulate;
+            let micro_hi = (micro_lo + self.cfg.accumulate).min(self.micro_per_epoch());
+            let k = micro_hi - micro_lo;
+            let mut loss_sum = 0.0;
+            for m in micro_lo..micro_hi {
+                let idx: Vec<(bool, usize)> = order[m * self.cfg.batch..((m + 1) * self.cfg.batch).min(order.len())].iter().map(|&i| (false, i)).collect();
+                let augs: Vec<Option<Augment>> = idx
+                    .iter()
+                    .map(|&(_, i)| self.cfg.augment.then(|| Augment::draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, i as u64, 1]))))
+                    .collect();
+                let (pred, target) = self.forward(&idx, &augs)?;
+                let loss = self.loss.apply(&pred, &target)?;
+                let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                if !value.is_finite() {
+                    return Err(Error::Input(format!("the loss is {value} at step {step} (images {}); nothing was saved over the last checkpoint", names(&self.data.train, &idx))));
+                }
+                loss_sum += value;
+                grads.accumulate(&(loss / k as f64)?.backward()?)?;
+            }
+            let lr = sched.lr(step)?;
+            adam.set_lr(lr);
+            if let Some(beta1) = sched.momentum(step)? {
+                adam.set_beta1(beta1);
+            }
+            let grad_norm = if self.cfg.clip_grad_norm > 0.0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
+            adam.step(&grads)?;
+            grads.clear();
+            step += 1;
+            if let Some(e) = ema.as_mut() {
+                e.update(&self.named_tensors(), step as u64)?;
+            }
+            let loss = loss_sum / k as f64;
+            write_line(&mut log, &log_path, serde_json::json!({"step": step, "lr": lr, "loss": loss, "grad_norm": grad_norm}))?;
+            if step % self.cfg.val_every == 0 || step == total {
+                if let Some(v) = self.validate(ema.as_ref())? {
+                    write_line(&mut log, &log_path, serde_json::json!({"step": step, "val_loss": v}))?;
+                    note(&format!("step {step}/{total}: loss {loss:.5}, val_loss {v:.5}"));
+                    if best_val.is_none_or(|b| v < b) {
+                        best_val = Some(v);
+                        save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("best"))?;
+                    }
+                }
+            }
+            if step % self.cfg.save_every == 0 || step == total {
+                save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("last"))?;
+                let mut tensors: Vec<(String, Tensor)> = self.named_tensors().into_iter().map(|(n, t)| (format!("param.{n}"), t)).collect();
+                tensors.extend(adam.state().into_iter().map(|(n, t)| (format!("adam.{n}"), t)));
+                if let Some(e) = ema.as_ref() {
+                    tensors.extend(e.tensors().iter().map(|(n, t)| (format!("ema.{n}"), t.clone())));
+                }
+                let log_len = log.metadata().map_err(|e| Error::io(&log_path, e))?.len();
+                let meta = StateMeta { step, adam_steps: adam.step_count(), best_val, log_len, fingerprint: fingerprint.clone() };
+                save_state(&state_path, &tensors, &meta)?;
+            }
+        }
+        if !out.join("best").exists() {
+            // No validation split: the last weights are the best known.
+            save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("best"))?;
+        }
+        Ok(Summary { total_steps: total, steps_taken: step - first, trainable, best_val, seconds: started.elapsed().as_secs_f64() })
+    }
+}
+
+fn names(pairs: &[Pair], idx: &[(bool, usize)]) -> String {
+    idx.iter().map(|&(_, i)| pairs[i].name.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn set_vars(params: &[(String, Var)], values: &[Tensor]) -> Result<()> {
+    for ((name, var), t) in params.iter().zip(values) {
+        if t.dims() != var.dims() {
+            return Err(Error::Input(format!("parameter `{name}`: shape {:?}, expected {:?}", t.dims(), var.dims())));
+        }
+        var.set(&t.to_dtype(var.dtype())?.to_device(var.device())?)?;
+    }
+    Ok(())
+}
+
+fn write_line(log: &mut std::fs::File, path: &Path, v: serde_json::Value) -> Result<()> {
+    writeln!(log, "{v}").and_then(|()| log.flush()).map_err(|e| Error::io(path, e))
+}
+
+/// Cuts `log.jsonl` back to `len` bytes (lines written after the state being resumed are replayed).
+fn truncate_log(path: &PathBuf, len: u64) -> Result<()> {
+    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(|e| Error::io(path, e))?;
+    f.set_len(len).map_err(|e| Error::io(path, e))
+}

@@ -1,0 +1,70 @@
+//! Gradients of the trainable parameters, summed over the micro-batches of one optimiser step, with
+//! PyTorch's `clip_grad_norm_`. A parameter that received no gradient is an error naming it: Candle
+//! silently drops gradients through some ops, and training would otherwise just not move it.
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+
+use crate::error::{Error, Result};
+
+/// One accumulated gradient per parameter (f32, detached), in the parameters' order.
+pub struct Grads {
+    names: Vec<String>,
+    vars: Vec<Var>,
+    sums: Vec<Option<Tensor>>,
+}
+
+impl Grads {
+    /// An empty accumulator for `params`.
+    pub fn new(params: &[(String, Var)]) -> Self {
+        Grads { names: params.iter().map(|(n, _)| n.clone()).collect(), vars: params.iter().map(|(_, v)| v.clone()).collect(), sums: vec![None; params.len()] }
+    }
+
+    /// Adds one backward pass's gradients. Gradients are detached: a Var's gradient in a `GradStore`
+    /// still records the graph it was computed from, and keeping it would keep every activation alive.
+    pub fn accumulate(&mut self, store: &GradStore) -> Result<()> {
+        for ((name, var), sum) in self.names.iter().zip(&self.vars).zip(self.sums.iter_mut()) {
+            let g = store
+                .get(var.as_tensor())
+                .ok_or_else(|| Error::Input(format!("parameter `{name}` received no gradient (an op on its path records no backward)")))?
+                .detach()
+                .to_dtype(DType::F32)?;
+            *sum = Some(match sum.take() {
+                Some(s) => (s + g)?,
+                None => g,
+            });
+        }
+        Ok(())
+    }
+
+    /// The accumulated gradient of parameter `i`.
+    pub fn get(&self, i: usize) -> Option<&Tensor> {
+        self.sums.get(i).and_then(Option::as_ref)
+    }
+
+    /// `clip_grad_norm_`: the total 2-norm over all gradients; when it exceeds `max_norm`, every
+    /// gradient is scaled by `max_norm / (total + 1e-6)`. Returns the total before clipping; a
+    /// non-finite total is an error (PyTorch's `error_if_nonfinite=True`).
+    pub fn clip_norm(&mut self, max_norm: f64) -> Result<f64> {
+        let mut squares = 0f64;
+        for s in self.sums.iter().flatten() {
+            let n = s.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>()? as f64;
+            squares += n * n;
+        }
+        let total = squares.sqrt() as f32 as f64;
+        if !total.is_finite() {
+            return Err(Error::Input(format!("the gradient norm is {total}")));
+        }
+        let coef = (max_norm / (total + 1e-6)).min(1.0) as f32 as f64;
+        if coef < 1.0 {
+            for s in self.sums.iter_mut().flatten() {
+                *s = (&*s * coef)?;
+            }
+        }
+        Ok(total)
+    }
+
+    /// Empties the accumulator for the next step.
+    pub fn clear(&mut self) {
+        self.sums.iter_mut().for_each(|s| *s = None);
+    }
+}

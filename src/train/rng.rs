@@ -1,0 +1,53 @@
+//! SplitMix64: a small, seedable generator for data order and augmentation, so that a run is a
+//! function of (seed, step) and a resumed run draws exactly what an uninterrupted one would.
+/// A SplitMix64 stream.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A stream from `seed`.
+    pub fn new(seed: u64) -> Self {
+        SplitMix(seed)
+    }
+
+    /// A stream derived from several keys (seed, epoch, index…).
+    pub fn keyed(keys: &[u64]) -> Self {
+        let mut s = SplitMix(0x9e37_79b9_7f4a_7c15);
+        for &k in keys {
+            s.0 ^= k;
+            s.next_u64();
+        }
+        s
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
+    }
+
+    /// Standard normal (Box–Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform(f64::MIN_POSITIVE, 1.0);
+        let u2 = self.uniform(0.0, 1.0);
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    /// A permutation of `0..n` (Fisher–Yates).
+    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
+        let mut p: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = (self.next_u64() % (i as u64 + 1)) as usize;
+            p.swap(i, j);
+        }
+        p
+    }
+}
