@@ -236,3 +236,20 @@ fn print_config_is_a_valid_config() {
     let c = edgerun::train::config::FinetuneConfig::from_toml(&text, Path::new(".")).unwrap();
     c.validate().unwrap();
 }
+
+#[test]
+fn checkpointed_and_offloaded_runs_finish_and_leave_no_spill_file() {
+    let (dir, _cleanup) = tmp("offload");
+    for flag in ["--checkpoint-activations", "--offload"] {
+        let out = dir.join(flag.trim_start_matches('-'));
+        let cfg = config(&dir, &out, "");
+        let o = run(&["--config", cfg.to_str().unwrap(), "--epochs", "1", "--train", "last:2", flag]);
+        assert!(o.status.success(), "{flag}: {}", text(&o));
+        assert!(text(&o).contains("3 of 3 steps taken"), "{flag}: {}", text(&o));
+        assert!(!out.join("state/activations.spill").exists(), "{flag}: the spill file is removed");
+        let m = out.join("last");
+        let fixture = root().join("tests/fixtures/da2_metric_p14");
+        let trained = "backbone.encoder.layer.2.mlp.fc1.weight";
+        assert_ne!(tensor_bytes(&m, trained), tensor_bytes(&fixture, trained), "{flag}: last:2 trains block 2");
+    }
+}

@@ -46,6 +46,13 @@ pub struct Args {
     /// what trains: head, last:N or all (overrides `train`)
     #[argh(option)]
     train: Option<String>,
+    /// keep only each trained block's input and recompute blocks in backward (overrides the file)
+    #[argh(switch)]
+    checkpoint_activations: bool,
+    /// move kept block inputs off the device: host memory from a GPU, a spill file on a CPU (implies
+    /// --checkpoint-activations)
+    #[argh(switch)]
+    offload: bool,
     /// device: cpu, cuda[:N], metal or auto
     #[argh(option, default = "String::from(\"auto\")")]
     device: String,
@@ -71,6 +78,8 @@ impl Args {
         if let Some(v) = self.batch { c.batch = v }
         if let Some(v) = self.accumulate { c.accumulate = v }
         if let Some(v) = &self.train { c.train = v.clone() }
+        c.checkpoint_activations |= self.checkpoint_activations;
+        c.offload |= self.offload;
         c.validate()?;
         Ok(c)
     }

@@ -180,6 +180,16 @@ impl DepthAnything {
         self.decode(&features)
     }
 
+    /// The DINOv2 backbone.
+    pub fn backbone(&self) -> &Dinov2 {
+        &self.backbone
+    }
+
+    /// Which hidden states (0 = embeddings, i = after block i) feed the neck.
+    pub fn feature_indices(&self) -> &[usize] {
+        &self.indices
+    }
+
     /// The backbone's token maps for the neck (what a frozen backbone hands a trainable head).
     pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<BackboneFeatures> {
         let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;

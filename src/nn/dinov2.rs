@@ -541,6 +541,22 @@ impl Dinov2 {
         Ok((x.broadcast_add(&pos)?, ph, pw))
     }
 
+    /// Number of transformer blocks.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Block `i` alone on tokens `[B, 1 + N, D]` (activation checkpointing recomputes blocks one by one).
+    pub fn block_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        let blk = self.blocks.get(i).ok_or_else(|| Error::Input(format!("block {i} of {}", self.blocks.len())))?;
+        blk.forward(x)
+    }
+
+    /// The final LayerNorm when the config applies it to returned hidden states, else `x` itself.
+    pub fn output_norm(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(if self.cfg.apply_layernorm { layer_norm_grad(&self.norm, x)? } else { x.clone() })
+    }
+
     /// Runs the blocks and returns the hidden states at `indices` (0 = embeddings), each normed when
     /// `apply_layernorm`; tokens `[B, 1 + N, D]`.
     pub fn forward_features(&self, pixel_values: &Tensor, indices: &[usize]) -> Result<(Vec<Tensor>, usize, usize)> {
@@ -560,7 +576,7 @@ impl Dinov2 {
             .iter()
             .map(|&i| {
                 let s = states[i].clone().ok_or_else(|| Error::Config(format!("hidden state {i} not computed")))?;
-                Ok(if self.cfg.apply_layernorm { layer_norm_grad(&self.norm, &s)? } else { s })
+                self.output_norm(&s)
             })
             .collect::<Result<_>>()?;
         Ok((out, ph, pw))

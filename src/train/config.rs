@@ -85,6 +85,13 @@ pub struct FinetuneConfig {
     /// Photometric augmentation and horizontal flips (turns off the frozen-feature cache).
     #[serde(default)]
     pub augment: bool,
+    /// Keep only each trained block's input in the forward pass and recompute the blocks in backward.
+    #[serde(default)]
+    pub checkpoint_activations: bool,
+    /// Move the kept block inputs off the compute device (host memory from a GPU, a spill file in
+    /// `<out>/state/` on a CPU); implies `checkpoint_activations`.
+    #[serde(default)]
+    pub offload: bool,
     /// MiB of frozen-backbone features to cache (features beyond it are recomputed).
     #[serde(default = "cache_mib")]
     pub feature_cache_mib: usize,
@@ -187,6 +194,8 @@ impl FinetuneConfig {
         c.save_every = 0;
         c.val_every = 0;
         c.feature_cache_mib = 0;
+        c.checkpoint_activations = false;
+        c.offload = false;
         serde_json::to_string(&c).unwrap_or_default()
     }
 }

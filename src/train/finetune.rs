@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
+use super::checkpointing::{checkpointed_step, KeptInputs, SpillFile};
 use super::config::FinetuneConfig;
 use super::data::{load_sample, Augment, Dataset, Pair, SampleSpec};
 use super::ema::{Ema, EmaConfig};
@@ -20,7 +21,7 @@ use super::rng::SplitMix;
 use super::schedule::{OneCycle, OneCycleConfig};
 use super::select::{select, TrainSpec, DEPTH_ANYTHING};
 use crate::error::{Error, Result};
-use crate::models::depth_anything::{DepthAnything, DepthKind};
+use crate::models::depth_anything::{BackboneFeatures, DepthAnything, DepthKind};
 use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::weights::{Trainable, Vb, WeightStore};
 
@@ -51,6 +52,12 @@ impl DepthLoss {
             DepthLoss::L1 => losses::l1(pred, target),
         }
     }
+}
+
+/// What the model reads: cached backbone features (head only) or pixels.
+enum Inputs {
+    Features(BackboneFeatures),
+    Pixels(Tensor),
 }
 
 /// What a finished (or resumed-and-finished) run reports.
@@ -129,8 +136,8 @@ impl Job {
         self.micro_per_epoch().div_ceil(self.cfg.accumulate)
     }
 
-    /// Predictions and targets of `pairs` (indices into `split`), augmented when training asks.
-    fn forward(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<(Tensor, Tensor)> {
+    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks.
+    fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<(Inputs, Tensor)> {
         let mut pixels = Vec::with_capacity(pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         let mut feats = Vec::with_capacity(pairs.len());
@@ -155,13 +162,30 @@ impl Job {
                 pixels.push(s.pixels);
             }
         }
-        let pred = if self.spec == TrainSpec::Head {
+        let inputs = if self.spec == TrainSpec::Head {
             let refs: Vec<&_> = feats.iter().collect();
-            self.model.decode(&crate::models::depth_anything::BackboneFeatures::stack(&refs)?)?
+            Inputs::Features(BackboneFeatures::stack(&refs)?)
         } else {
-            self.model.forward(&Tensor::stack(&pixels, 0)?)?
+            Inputs::Pixels(Tensor::stack(&pixels, 0)?)
         };
-        Ok((pred, Tensor::stack(&targets, 0)?))
+        Ok((inputs, Tensor::stack(&targets, 0)?))
+    }
+
+    fn predict(&self, inputs: &Inputs) -> Result<Tensor> {
+        match inputs {
+            Inputs::Features(f) => self.model.decode(f),
+            Inputs::Pixels(p) => self.model.forward(p),
+        }
+    }
+
+    /// The first backbone block that trains (the block count when none does).
+    fn first_trained_block(&self) -> usize {
+        let n = self.model.backbone().block_count();
+        match self.spec {
+            TrainSpec::Head => n,
+            TrainSpec::Last(k) => n.saturating_sub(k),
+            TrainSpec::All => 0,
+        }
     }
 
     fn named_tensors(&self) -> Vec<(String, Tensor)> {
@@ -182,8 +206,8 @@ impl Job {
         let mut result = Ok(());
         for start in (0..n).step_by(self.cfg.batch) {
             let idx: Vec<(bool, usize)> = (start..(start + self.cfg.batch).min(n)).map(|i| (true, i)).collect();
-            let r = self.forward(&idx, &vec![None; idx.len()]).and_then(|(p, t)| {
-                let l = self.loss.apply(&p.detach(), &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let r = self.inputs(&idx, &vec![None; idx.len()]).and_then(|(x, t)| {
+                let l = self.loss.apply(&self.predict(&x)?.detach(), &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 Ok(l)
             });
             match r {
@@ -269,6 +293,14 @@ impl Job {
         let started = Instant::now();
         let first = step;
         let mut grads = Grads::new(&self.params);
+        let spill = out.join("state").join("activations.spill");
+        let mut kept = match (self.cfg.checkpoint_activations || self.cfg.offload, self.cfg.offload) {
+            _ if self.spec == TrainSpec::Head => None,
+            (false, _) => None,
+            (true, false) => Some(KeptInputs::Device(HashMap::new())),
+            (true, true) if self.device.is_cpu() => Some(KeptInputs::Spill(SpillFile::create(&spill)?)),
+            (true, true) => Some(KeptInputs::Host(HashMap::new(), self.device.clone())),
+        };
         while step < total {
             let (epoch, in_epoch) = (step / self.steps_per_epoch(), step % self.steps_per_epoch());
             let order = SplitMix::keyed(&[self.cfg.seed, epoch as u64]).permutation(self.data.train.len());
@@ -282,14 +314,25 @@ impl Job {
                     .iter()
                     .map(|&(_, i)| self.cfg.augment.then(|| Augment::draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, i as u64, 1]))))
                     .collect();
-                let (pred, target) = self.forward(&idx, &augs)?;
-                let loss = self.loss.apply(&pred, &target)?;
-                let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                let (inputs, target) = self.inputs(&idx, &augs)?;
+                let value = match (&mut kept, &inputs) {
+                    (Some(kept), Inputs::Pixels(pixels)) => {
+                        let loss_fn = |pred: &Tensor| -> Result<Tensor> { Ok((self.loss.apply(pred, &target)? / k as f64)?) };
+                        checkpointed_step(&self.model, pixels, self.first_trained_block(), kept, &mut grads, &loss_fn)? * k as f64
+                    }
+                    _ => {
+                        let loss = self.loss.apply(&self.predict(&inputs)?, &target)?;
+                        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                        if value.is_finite() {
+                            grads.accumulate(&(loss / k as f64)?.backward()?)?;
+                        }
+                        value
+                    }
+                };
                 if !value.is_finite() {
                     return Err(Error::Input(format!("the loss is {value} at step {step} (images {}); nothing was saved over the last checkpoint", names(&self.data.train, &idx))));
                 }
                 loss_sum += value;
-                grads.accumulate(&(loss / k as f64)?.backward()?)?;
             }
             let lr = sched.lr(step)?;
             adam.set_lr(lr);
@@ -326,6 +369,10 @@ impl Job {
                 let meta = StateMeta { step, adam_steps: adam.step_count(), best_val, log_len, fingerprint: fingerprint.clone() };
                 save_state(&state_path, &tensors, &meta)?;
             }
+        }
+        drop(kept);
+        if spill.exists() {
+            std::fs::remove_file(&spill).map_err(|e| Error::io(&spill, e))?;
         }
         if !out.join("best").exists() {
             // No validation split: the last weights are the best known.

@@ -11,29 +11,46 @@ pub struct Grads {
     names: Vec<String>,
     vars: Vec<Var>,
     sums: Vec<Option<Tensor>>,
+    touched: Vec<bool>,
 }
 
 impl Grads {
     /// An empty accumulator for `params`.
     pub fn new(params: &[(String, Var)]) -> Self {
-        Grads { names: params.iter().map(|(n, _)| n.clone()).collect(), vars: params.iter().map(|(_, v)| v.clone()).collect(), sums: vec![None; params.len()] }
+        Grads { names: params.iter().map(|(n, _)| n.clone()).collect(), vars: params.iter().map(|(_, v)| v.clone()).collect(), sums: vec![None; params.len()], touched: vec![false; params.len()] }
     }
 
-    /// Adds one backward pass's gradients. Gradients are detached: a Var's gradient in a `GradStore`
-    /// still records the graph it was computed from, and keeping it would keep every activation alive.
+    /// Adds one backward pass's gradients; every parameter must have received one. Gradients are
+    /// detached: a Var's gradient in a `GradStore` still records the graph it was computed from, and
+    /// keeping it would keep every activation alive.
     pub fn accumulate(&mut self, store: &GradStore) -> Result<()> {
-        for ((name, var), sum) in self.names.iter().zip(&self.vars).zip(self.sums.iter_mut()) {
-            let g = store
-                .get(var.as_tensor())
-                .ok_or_else(|| Error::Input(format!("parameter `{name}` received no gradient (an op on its path records no backward)")))?
-                .detach()
-                .to_dtype(DType::F32)?;
+        self.add_available(store)?;
+        self.finish_pass()
+    }
+
+    /// Adds the gradients `store` has (one part of a pass split into pieces, as activation
+    /// checkpointing does); [`Grads::finish_pass`] then checks that the parts covered every parameter.
+    pub fn add_available(&mut self, store: &GradStore) -> Result<()> {
+        for ((var, sum), touched) in self.vars.iter().zip(self.sums.iter_mut()).zip(self.touched.iter_mut()) {
+            let Some(g) = store.get(var.as_tensor()) else { continue };
+            let g = g.detach().to_dtype(DType::F32)?;
             *sum = Some(match sum.take() {
                 Some(s) => (s + g)?,
                 None => g,
             });
+            *touched = true;
         }
         Ok(())
+    }
+
+    /// Ends a backward pass: an error naming the first parameter that received no gradient in it.
+    pub fn finish_pass(&mut self) -> Result<()> {
+        let missing = self.touched.iter().position(|t| !t);
+        self.touched.iter_mut().for_each(|t| *t = false);
+        match missing {
+            Some(i) => Err(Error::Input(format!("parameter `{}` received no gradient (an op on its path records no backward)", self.names[i]))),
+            None => Ok(()),
+        }
     }
 
     /// The accumulated gradient of parameter `i`.

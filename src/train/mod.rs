@@ -1,6 +1,7 @@
 //! On-device fine-tuning: optimiser, schedule, EMA, losses, data, checkpoints and the loop, built on
 //! the inference model structs (trainable weights are `Var`s inside them).
 pub mod adamw;
+pub mod checkpointing;
 pub mod checkpoint;
 pub mod config;
 pub mod data;

@@ -2,6 +2,7 @@
 
 Usage (from the repo root, after `cargo build --release`; nothing else running):
     /work/venv/bin/python tools/bench/finetune.py [--images 8] [--epochs 3] [--batch 2]
+    /work/venv/bin/python tools/bench/finetune.py --memory --images 4 --epochs 1   # checkpointing / offload
 Both sides train the same checkpoint on the same images and targets in the same order settings: AdamW
 (lr 1e-4, wd 0.01), masked L1 loss, batch 2, no accumulation, no EMA, no validation, no augmentation;
 `head` trains the DPT neck + head (backbone frozen, run under no_grad in PyTorch), `last:2` adds the last two
@@ -78,15 +79,17 @@ def torch_run(workdir: str, mode: str, epochs: int, batch: int, size: int) -> No
     print(json.dumps({"step_s": median(times[1:]), "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
-def edgerun_run(binary: str, workdir: str, mode: str, epochs: int, batch: int, size: int, cache: bool) -> dict:
-    cfg = f"{workdir}/ft_{mode.replace(':', '')}_{int(cache)}.toml"
-    out = f"{workdir}/out_{mode.replace(':', '')}_{int(cache)}"
+def edgerun_run(binary: str, workdir: str, mode: str, epochs: int, batch: int, size: int, cache: bool,
+                extra: str = "") -> dict:
+    tag = f"{mode.replace(':', '')}_{int(cache)}_{extra.replace(' ', '').replace('=', '')[:40]}"
+    cfg = f"{workdir}/ft_{tag}.toml"
+    out = f"{workdir}/out_{tag}"
     subprocess.run(["rm", "-rf", out], check=True)
     with open(cfg, "w") as f:
         f.write(f'model = "{workdir}/model"\ntask = "depth"\ndata = "{workdir}/data"\nout = "{out}"\n'
                 f"input_size = [{size}, {size}]\nepochs = {epochs}\nbatch = {batch}\ntrain = \"{mode}\"\nloss = \"l1\"\n"
                 f"max_lr = 1e-4\npct_start = 0.3\nema_decay = 0.0\nval_fraction = 0.0\nclip_grad_norm = 0.0\n"
-                f"save_every = 100000\nval_every = 100000\nfeature_cache_mib = {4096 if cache else 0}\n")
+                f"save_every = 100000\nval_every = 100000\nfeature_cache_mib = {4096 if cache else 0}\n{extra}\n")
     r = subprocess.run(["/usr/bin/time", "-v", binary, "--threads", str(threads()), "finetune", "--config", cfg],
                        capture_output=True, text=True, check=True)
     rate = float(re.search(r"\(([0-9.]+) steps/s\)", r.stdout).group(1))
@@ -103,6 +106,8 @@ def main():
     ap.add_argument("--workdir", default="/tmp/edgerun-bench/finetune")
     ap.add_argument("--binary", default="target/release/edgerun")
     ap.add_argument("--torch-child", default=None)
+    ap.add_argument("--memory", action="store_true",
+                    help="instead: edgerun last:4 plain vs --checkpoint-activations vs --offload (peak RSS)")
     a = ap.parse_args()
     if a.torch_child:
         torch_run(a.workdir, a.torch_child, a.epochs, a.batch, a.size)
@@ -113,6 +118,12 @@ def main():
     DepthAnythingForDepthEstimation(da2_small_config()).save_pretrained(f"{a.workdir}/model")
     make_data(a.workdir, a.images, a.size)
     print(f"threads={threads()} images={a.images} epochs={a.epochs} batch={a.batch} size={a.size}")
+    if a.memory:
+        print("last:4   variant                    steps/s  peak RSS MiB")
+        for label, extra in [("plain", ""), ("checkpointed", "checkpoint_activations = true"), ("offloaded", "offload = true")]:
+            e = edgerun_run(a.binary, a.workdir, "last:4", a.epochs, a.batch, a.size, False, extra)
+            print(f"last:4   {label:26} {e['steps_per_s']:7.3f}  {e['rss_mib']:8.0f}")
+        return
     print("mode     side                       steps/s  peak RSS MiB")
     for mode in ["head", "last:2"]:
         r = subprocess.run([sys.executable, __file__, "--torch-child", mode, "--workdir", a.workdir, "--epochs", str(a.epochs),
