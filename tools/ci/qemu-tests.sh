@@ -48,6 +48,8 @@ SKIP=(
     # Kills the CLI 8 times at random points of a reference run; under qemu each run is ~10x
     # slower, so the loop takes minutes (it runs natively in the main suite).
     kill_9_at_random_points_then_resume_gives_identical_outputs_done_once
+    # The same for finetune: five training runs, four of them killed with SIGKILL and resumed.
+    a_run_killed_at_any_point_resumes_to_bit_identical_weights
     # Read page residency from /proc/self/smaps: under qemu-user that file and madvise on file
     # mappings are the emulator's, not the guest's (they run natively in the main suite).
     safetensors_pages_are_released_after_loading
