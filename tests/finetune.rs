@@ -253,3 +253,20 @@ fn checkpointed_and_offloaded_runs_finish_and_leave_no_spill_file() {
         assert_ne!(tensor_bytes(&m, trained), tensor_bytes(&fixture, trained), "{flag}: last:2 trains block 2");
     }
 }
+
+#[test]
+fn a_quantized_backbone_stays_quantized_and_the_head_trains() {
+    let (dir, _cleanup) = tmp("gguf");
+    let gguf = dir.join("model-q8_0.gguf");
+    let fixture = root().join("tests/fixtures/da2_metric_p14");
+    let q = Command::new(env!("CARGO_BIN_EXE_edgerun")).args(["quantize", fixture.to_str().unwrap(), gguf.to_str().unwrap(), "--type", "q8_0"]).output().unwrap();
+    assert!(q.status.success(), "{}", text(&q));
+    let out = dir.join("out");
+    let o = run(&["--config", config(&dir, &out, "").to_str().unwrap(), "--model", gguf.to_str().unwrap(), "--epochs", "2"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // The output is a safetensors model directory with the hub names; the head moved.
+    let m = out.join("best");
+    let store = WeightStore::open(&m).unwrap();
+    assert_eq!(store.entries().len(), WeightStore::open(&fixture).unwrap().entries().len());
+    assert_ne!(tensor_bytes(&m, "head.conv3.weight"), tensor_bytes(&fixture, "head.conv3.weight"));
+}
