@@ -5,7 +5,11 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use edgerun::models::chmv2::Chmv2;
 use edgerun::models::depth_anything::DepthAnything;
+use edgerun::models::segformer::SegformerForSemanticSegmentation;
+use edgerun::train::select::{select, TrainSpec};
+use edgerun::train::task::TaskKind;
 use edgerun::nn::grad;
 use edgerun::weights::{Trainable, Vb, WeightStore};
 
@@ -158,6 +162,74 @@ fn depth_anything_backward_matches_finite_differences() {
     let f = || weigh(&model.forward(&x).unwrap());
     let pick: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
     check(&pick, &f, 3);
+}
+
+/// Loads `fixture` in f64 with the tensors `spec` selects as Vars; checks that every selected tensor
+/// the model reads became a Var and returns them.
+fn trainable_f64<M>(fixture: &str, task: TaskKind, spec: TrainSpec, load: impl Fn(&Vb, &serde_json::Value) -> M) -> (M, Vec<(String, Var)>) {
+    let store = Arc::new(WeightStore::open(fixture).unwrap());
+    let names: Vec<String> = store.entries().keys().cloned().collect();
+    let chosen = select(task.layout(), spec, &names).unwrap();
+    let trainable = Trainable::new({
+        let chosen = chosen.clone();
+        move |n| chosen.contains(n)
+    });
+    let vb = Vb::new(store.clone(), DType::F64, DEV).with_trainable(trainable.clone());
+    let model = load(&vb, store.config());
+    let vars = trainable.vars();
+    let unused = |n: &str| n.ends_with("mask_token");
+    let expect: Vec<&String> = chosen.iter().filter(|n| !unused(n)).collect();
+    assert_eq!(vars.iter().map(|(n, _)| n).collect::<Vec<_>>(), expect, "{fixture}: every selected tensor trains");
+    (model, vars)
+}
+
+/// SegFormer as `train = "last:3"` trains it — the last block of stage 2, its stage norm, stage 3's
+/// overlapping patch embedding (strided conv), both stage-3 blocks (sequence-reduction-free
+/// attention, Mix-FFN with the channels-last depthwise kernel and fused GELU) and the unfolded
+/// decode head (projections, bilinear upsampling, `linear_fuse`, eval-mode BatchNorm, classifier) —
+/// in f64 at an uneven 36×44 input (stage grids 9×11, 5×6, 3×3, 2×2).
+#[test]
+fn segformer_backward_matches_finite_differences() {
+    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", TaskKind::Segmentation, TrainSpec::Last(3), |vb, c| {
+        SegformerForSemanticSegmentation::load(vb, c).unwrap()
+    });
+    assert!(vars.iter().any(|(n, _)| n == "segformer.encoder.patch_embeddings.3.proj.weight"));
+    assert!(vars.iter().any(|(n, _)| n == "decode_head.batch_norm.weight"));
+    let x = Tensor::from_vec(values(3 * 36 * 44, 30), (1, 3, 36, 44), &DEV).unwrap();
+    let f = || weigh(&model.forward(&x).unwrap());
+    let pick: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    check(&pick, &f, 2);
+}
+
+/// SegFormer with every parameter training, the sequence-reduction convs (stride 8, 4, 2) included.
+#[test]
+fn segformer_backward_reaches_every_parameter() {
+    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", TaskKind::Segmentation, TrainSpec::All, |vb, c| {
+        SegformerForSemanticSegmentation::load(vb, c).unwrap()
+    });
+    let x = Tensor::from_vec(values(3 * 36 * 44, 31), (1, 3, 36, 44), &DEV).unwrap();
+    let f = || weigh(&model.forward(&x).unwrap());
+    let pick: Vec<(&str, &Var)> = vars.iter().filter(|(n, _)| n.contains(".sr.") || n.contains("patch_embeddings.0.")).map(|(n, v)| (n.as_str(), v)).collect();
+    assert!(pick.len() >= 8);
+    check(&pick, &f, 2);
+    let grads = f().backward().unwrap();
+    for (n, v) in &vars {
+        assert!(grads.get(v.as_tensor()).is_some(), "{n}: no gradient");
+    }
+}
+
+/// CHMv2 as `train = "last:1"` trains it — the last DINOv3 block (RoPE attention, layer scale), the
+/// final norm, the readout projection, reassemble (transposed convs), fusion, the conv head and the
+/// mixlog bins → heights stage — in f64 at a 3×4 patch grid.
+#[test]
+fn chmv2_backward_matches_finite_differences() {
+    let (model, vars) = trainable_f64("tests/fixtures/chmv2_tiny", TaskKind::Chm, TrainSpec::Last(1), |vb, c| Chmv2::load(vb, c).unwrap());
+    assert!(vars.iter().any(|(n, _)| n.starts_with("backbone.layer.1.")) && !vars.iter().any(|(n, _)| n.starts_with("backbone.layer.0.")));
+    let x = Tensor::from_vec(values(3 * 48 * 64, 32), (1, 3, 48, 64), &DEV).unwrap();
+    let f = || weigh(&model.forward(&x).unwrap());
+
+    let pick: Vec<(&str, &Var)> = vars.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    check(&pick, &f, 2);
 }
 
 #[test]

@@ -22,7 +22,7 @@ pub struct Args {
     /// model directory or GGUF file (overrides `model`)
     #[argh(option)]
     model: Option<PathBuf>,
-    /// task: depth (overrides `task`)
+    /// task: depth, segmentation or chm (overrides `task`)
     #[argh(option)]
     task: Option<String>,
     /// data directory with images/ and targets/ (overrides `data`)

@@ -57,6 +57,19 @@ pub fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<(u
     Ok((w, h))
 }
 
+/// The size `path` declares in its header, read from the file without decoding it (or reading it all).
+pub fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32, u32)> {
+    let bad = |m: String| Error::bad_file(path, m);
+    crate::fsutil::check_input_file(path)?;
+    let reader = ImageReader::open(path).map_err(|e| Error::io(path, e))?.with_guessed_format().map_err(|e| Error::io(path, e))?;
+    if reader.format().is_none() {
+        return Err(bad("not a recognised image format".into()));
+    }
+    let (w, h) = reader.into_dimensions().map_err(|e| bad(format!("cannot read image header: {e}")))?;
+    check_size(w, h, limits).map_err(bad)?;
+    Ok((w, h))
+}
+
 /// Decodes image bytes as 8-bit RGB under the decoder limits; JPEGs in strict mode, so that a
 /// truncated file (baseline or progressive) is an error rather than a grey-filled image.
 pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<RgbImage, String> {

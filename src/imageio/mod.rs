@@ -1,4 +1,5 @@
 //! Image decoding with size limits, and atomic writers for the output formats (NPY, PNG).
+pub mod class_map;
 pub mod colormap;
 pub mod cv_resize;
 pub mod decode;

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{Model, NamedTensors};
 use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
-use crate::nn::dinov3::{Dinov3, Dinov3Config};
+use crate::nn::dinov3::{Dinov3, Dinov3Config, Dinov3Features};
 use crate::nn::dpt::{same3x3, FusionResize, FusionStage, ReassembleLayer};
 use crate::nn::interpolate::bilinear;
 use crate::nn::layers::conv2d;
@@ -193,12 +193,14 @@ impl FeaturesToDepth {
 
     /// Heights `[B, H, W]` (f32) from bin logits `[B, n, H, W]` (any float dtype).
     pub fn forward(&self, logits: &Tensor) -> Result<Tensor> {
-        let x = logits.to_dtype(DType::F32)?;
+        // f32 (f64 stays f64, for gradient checks).
+        let dt = if logits.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
+        let x = logits.to_dtype(dt)?;
         let (_, n, _, _) = x.dims4()?;
         if n == 1 {
             return Ok((x.relu()? + self.min_depth)?.squeeze(1)?);
         }
-        let bins = Tensor::from_vec(self.bins(n), (1, n, 1, 1), x.device())?;
+        let bins = Tensor::from_vec(self.bins(n), (1, n, 1, 1), x.device())?.to_dtype(dt)?;
         let out = match self.norm {
             NormStrategy::MixLog => {
                 let y = x.relu()?;
@@ -369,21 +371,13 @@ impl Chmv2 {
         &self.to_depth
     }
 
-    /// `pixel_values` `[B, 3, H, W]` → bin logits `[B, bins, H', W']` (H' = 2^(levels+1)·⌈coarsest⌉,
-    /// which equals H for power-of-two patch grids).
-    pub fn head_logits(&self, pixel_values: &Tensor) -> Result<Tensor> {
-        Ok(self.head_logits_checked(pixel_values)?.0)
+    /// Backbone features of `pixel_values` (what the head reads; cacheable when the backbone is frozen).
+    pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<Dinov3Features> {
+        self.backbone.forward_features(&pixel_values.to_dtype(self.precision.backbone)?)
     }
 
-    /// As [`Chmv2::head_logits`], also naming, per batch item, the first stage whose output was not
-    /// finite (`backbone`, `head`). The check matters: Candle's ReLU maps NaN to 0, so a NaN inside
-    /// the head would otherwise come out as plausible-looking uniform-bin heights.
-    pub fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
-        let feats = self.backbone.forward_features(&pixel_values.to_dtype(self.precision.backbone)?)?;
-        let mut bad = vec![None; pixel_values.dim(0)?];
-        for t in feats.maps.iter().chain(&feats.cls) {
-            flag_non_finite(t, "backbone", &mut bad)?;
-        }
+    /// The DPT head on backbone features → bin logits `[B, bins, H', W']`.
+    pub fn decode_logits(&self, feats: &Dinov3Features) -> Result<Tensor> {
         let hd = self.precision.head;
         let mut levels = Vec::with_capacity(feats.maps.len());
         for (i, map) in feats.maps.iter().enumerate() {
@@ -404,7 +398,25 @@ impl Chmv2 {
         }
         let fused = self.fusion.forward(&levels)?;
         let last = fused.last().ok_or_else(|| Error::Config("no fusion levels".into()))?;
-        let logits = self.conv_depth.forward(last)?;
+        self.conv_depth.forward(last)
+    }
+
+    /// `pixel_values` `[B, 3, H, W]` → bin logits `[B, bins, H', W']` (H' = 2^(levels+1)·⌈coarsest⌉,
+    /// which equals H for power-of-two patch grids).
+    pub fn head_logits(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        Ok(self.head_logits_checked(pixel_values)?.0)
+    }
+
+    /// As [`Chmv2::head_logits`], also naming, per batch item, the first stage whose output was not
+    /// finite (`backbone`, `head`). The check matters: Candle's ReLU maps NaN to 0, so a NaN inside
+    /// the head would otherwise come out as plausible-looking uniform-bin heights.
+    pub fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
+        let feats = self.backbone_features(pixel_values)?;
+        let mut bad = vec![None; pixel_values.dim(0)?];
+        for t in feats.maps.iter().chain(&feats.cls) {
+            flag_non_finite(t, "backbone", &mut bad)?;
+        }
+        let logits = self.decode_logits(&feats)?;
         flag_non_finite(&logits, "head", &mut bad)?;
         Ok((logits, bad))
     }

@@ -162,6 +162,7 @@ impl Dinov3Config {
 const MAX_REGISTERS: usize = 256;
 
 /// Backbone outputs for the selected stages.
+#[derive(Clone)]
 pub struct Dinov3Features {
     /// Patch tokens per stage: `[B, D, ph, pw]` (or `[B, ph·pw, D]` without `reshape_hidden_states`).
     pub maps: Vec<Tensor>,
@@ -287,39 +288,57 @@ impl Dinov3 {
         Rope2d::new(self.prefix_len(), ph, pw, self.cfg.head_dim(), self.cfg.rope_theta, like.dtype(), like.device())
     }
 
+    /// Number of transformer blocks.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Block `i` alone on tokens `[B, 1 + R + N, D]` of a `ph`×`pw` grid, with `rope` from
+    /// [`Dinov3::rope`] (activation checkpointing recomputes blocks one by one).
+    pub fn block_forward(&self, i: usize, x: &Tensor, rope: &Rope2d) -> Result<Tensor> {
+        let blk = self.blocks.get(i).ok_or_else(|| Error::Input(format!("block {i} of {}", self.blocks.len())))?;
+        blk.forward_rotated(x, &|t: &Tensor| rope.apply(t))
+    }
+
+    /// Hidden state `k` (0 = embeddings) as the head reads it: normed as transformers does, split
+    /// into the patch map (`[B, D, ph, pw]`, or tokens without `reshape_hidden_states`) and the class
+    /// token when `return_class_token`.
+    pub fn stage_output(&self, k: usize, x: &Tensor, ph: usize, pw: usize) -> Result<(Tensor, Option<Tensor>)> {
+        let s = if self.cfg.apply_layernorm || k == self.cfg.num_hidden_layers { super::grad::layer_norm(&self.norm, x)? } else { x.clone() };
+        let cls = if self.cfg.return_class_token { Some(s.narrow(1, 0, 1)?.squeeze(1)?) } else { None };
+        let (b, _, d) = s.dims3()?;
+        let patches = s.narrow(1, self.prefix_len(), ph * pw)?;
+        let map = if self.cfg.reshape_hidden_states { patches.reshape((b, ph, pw, d))?.permute((0, 3, 1, 2))?.contiguous()? } else { patches.contiguous()? };
+        Ok((map, cls))
+    }
+
+    /// Assembles the selected stages' outputs (`(map, class token)` in index order).
+    pub fn features_from(stages: Vec<(Tensor, Option<Tensor>)>, ph: usize, pw: usize) -> Dinov3Features {
+        let mut maps = Vec::with_capacity(stages.len());
+        let mut cls = Vec::with_capacity(stages.len());
+        for (m, c) in stages {
+            maps.push(m);
+            cls.extend(c);
+        }
+        Dinov3Features { maps, cls, ph, pw }
+    }
+
     /// Runs the blocks and returns the selected stages (normed as transformers does), their class
     /// tokens when `return_class_token`, and the patch grid.
     pub fn forward_features(&self, pixel_values: &Tensor) -> Result<Dinov3Features> {
         let (mut x, ph, pw) = self.embed(pixel_values)?;
         let rope = self.rope(ph, pw, &x)?;
-        let rotate = |t: &Tensor| rope.apply(t);
-        let last_stage = self.cfg.num_hidden_layers;
-        let mut maps = Vec::with_capacity(self.indices.len());
-        let mut cls = Vec::with_capacity(self.indices.len());
-        let prefix = self.prefix_len();
-        let mut emit = |k: usize, x: &Tensor| -> Result<()> {
-            if !self.indices.contains(&k) {
-                return Ok(());
-            }
-            let s = if self.cfg.apply_layernorm || k == last_stage { self.norm.forward(x)? } else { x.clone() };
-            if self.cfg.return_class_token {
-                cls.push(s.narrow(1, 0, 1)?.squeeze(1)?);
-            }
-            let (b, _, d) = s.dims3()?;
-            let patches = s.narrow(1, prefix, ph * pw)?;
-            maps.push(if self.cfg.reshape_hidden_states {
-                patches.reshape((b, ph, pw, d))?.permute((0, 3, 1, 2))?.contiguous()?
-            } else {
-                patches.contiguous()?
-            });
-            Ok(())
-        };
-        emit(0, &x)?;
-        let last = self.indices.iter().copied().max().unwrap_or(0);
-        for (i, blk) in self.blocks.iter().enumerate().take(last) {
-            x = blk.forward_rotated(&x, &rotate)?;
-            emit(i + 1, &x)?;
+        let mut stages = Vec::with_capacity(self.indices.len());
+        if self.indices.contains(&0) {
+            stages.push(self.stage_output(0, &x, ph, pw)?);
         }
-        Ok(Dinov3Features { maps, cls, ph, pw })
+        let last = self.indices.iter().copied().max().unwrap_or(0);
+        for i in 0..last.min(self.blocks.len()) {
+            x = self.block_forward(i, &x, &rope)?;
+            if self.indices.contains(&(i + 1)) {
+                stages.push(self.stage_output(i + 1, &x, ph, pw)?);
+            }
+        }
+        Ok(Self::features_from(stages, ph, pw))
     }
 }

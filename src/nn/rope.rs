@@ -108,7 +108,12 @@ impl Rope2d {
         } else {
             (self.cos.to_dtype(x.dtype())?, self.sin.to_dtype(x.dtype())?)
         };
-        Ok(candle_nn::rotary_emb::rope(&x, &cos, &sin)?)
+        // Candle's fused kernel records no backward: the rotate-half formula while autograd records.
+        if super::grad::records(&x) {
+            Ok(candle_nn::rotary_emb::rope_slow(&x, &cos, &sin)?)
+        } else {
+            Ok(candle_nn::rotary_emb::rope(&x, &cos, &sin)?)
+        }
     }
 }
 

@@ -132,7 +132,8 @@ impl ChmPreprocess {
         Ok(())
     }
 
-    fn filter(&self) -> std::result::Result<Filter, String> {
+    /// The resampling filter `resample` names.
+    pub fn filter(&self) -> std::result::Result<Filter, String> {
         match self.resample {
             2 => Ok(Filter::Bilinear),
             3 => Ok(Filter::Bicubic),

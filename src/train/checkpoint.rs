@@ -12,9 +12,10 @@ use crate::models::NamedTensors;
 use crate::weights::WeightStore;
 
 /// Writes `dir` (e.g. `<out>/best`) as a model directory: every tensor of `store` under its stored
-/// name, replaced by `updated` where it trains. The directory is built beside `dir` and swapped in
-/// with renames, so `dir` is at every moment either the previous complete model or the new one.
-pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, dir: &Path) -> Result<()> {
+/// name, replaced by `updated` where it trains, plus `extra` files (the model's preprocessing). The
+/// directory is built beside `dir` and swapped in with renames, so `dir` is at every moment either
+/// the previous complete model or the new one.
+pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, extra: &[(&str, &[u8])], dir: &Path) -> Result<()> {
     let (tmp, old) = siblings(dir)?;
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -33,6 +34,9 @@ pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, di
     }
     let config = serde_json::to_vec_pretty(store.config()).map_err(|e| Error::bad_file(&tmp, e.to_string()))?;
     write_atomic(tmp.join("config.json"), &config)?;
+    for (name, bytes) in extra {
+        write_atomic(tmp.join(name), bytes)?;
+    }
     crate::tensor_io::write_tensors(&tmp.join("model.safetensors"), &tensors)?;
     if dir.exists() {
         if old.exists() {

@@ -12,7 +12,71 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::grads::Grads;
 use crate::error::{Error, Result};
+use crate::models::chmv2::Chmv2;
 use crate::models::depth_anything::{BackboneFeatures, DepthAnything};
+use crate::nn::dinov3::Dinov3;
+
+/// A model whose ViT backbone can be walked one block at a time (what checkpointing needs).
+pub trait BlockWalk {
+    /// Embedding tokens `[B, N, D]` of `pixels` and the patch grid.
+    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)>;
+    /// Number of backbone blocks.
+    fn block_count(&self) -> usize;
+    /// Block `i` on tokens of a `grid`.
+    fn block(&self, i: usize, x: &Tensor, grid: (usize, usize)) -> Result<Tensor>;
+    /// The hidden states the head reads (0 = embeddings), increasing.
+    fn taps(&self) -> Vec<usize>;
+    /// The prediction from those hidden states (in `taps` order).
+    fn head(&self, taps: &[Tensor], grid: (usize, usize)) -> Result<Tensor>;
+}
+
+impl BlockWalk for DepthAnything {
+    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)> {
+        self.backbone().embed(pixels)
+    }
+
+    fn block_count(&self) -> usize {
+        self.backbone().block_count()
+    }
+
+    fn block(&self, i: usize, x: &Tensor, _: (usize, usize)) -> Result<Tensor> {
+        self.backbone().block_forward(i, x)
+    }
+
+    fn taps(&self) -> Vec<usize> {
+        self.feature_indices().to_vec()
+    }
+
+    fn head(&self, taps: &[Tensor], (ph, pw): (usize, usize)) -> Result<Tensor> {
+        let tokens = taps.iter().map(|t| self.backbone().output_norm(t)).collect::<Result<Vec<_>>>()?;
+        self.decode(&BackboneFeatures { tokens, ph, pw })
+    }
+}
+
+impl BlockWalk for Chmv2 {
+    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)> {
+        self.backbone().embed(&pixels.to_dtype(self.precision().backbone)?)
+    }
+
+    fn block_count(&self) -> usize {
+        self.backbone().block_count()
+    }
+
+    fn block(&self, i: usize, x: &Tensor, (ph, pw): (usize, usize)) -> Result<Tensor> {
+        let bb: &Dinov3 = self.backbone();
+        bb.block_forward(i, x, &bb.rope(ph, pw, x)?)
+    }
+
+    fn taps(&self) -> Vec<usize> {
+        self.backbone().indices().to_vec()
+    }
+
+    fn head(&self, taps: &[Tensor], (ph, pw): (usize, usize)) -> Result<Tensor> {
+        let bb = self.backbone();
+        let stages = bb.indices().iter().zip(taps).map(|(&k, t)| bb.stage_output(k, t, ph, pw)).collect::<Result<Vec<_>>>()?;
+        self.features_to_depth().forward(&self.decode_logits(&Dinov3::features_from(stages, ph, pw))?)
+    }
+}
 
 /// Where the kept block inputs wait for the backward pass.
 pub enum KeptInputs {
@@ -97,24 +161,24 @@ impl KeptInputs {
     }
 }
 
-/// One micro-batch through Depth Anything with checkpointed blocks from `first_trained` on: returns
-/// the loss value (of `loss`, which should already be divided by the micro-batches of the step) and
-/// adds every trained parameter's gradient to `grads`.
+/// One micro-batch through `model` with checkpointed blocks from `first_trained` on: returns the loss
+/// value (of `loss`, which should already be divided by the micro-batches of the step) and adds every
+/// trained parameter's gradient to `grads`.
 pub fn checkpointed_step(
-    model: &DepthAnything,
+    model: &dyn BlockWalk,
     pixels: &Tensor,
     first_trained: usize,
     kept: &mut KeptInputs,
     grads: &mut Grads,
     loss: &dyn Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<f64> {
-    let backbone = model.backbone();
-    let indices = model.feature_indices().to_vec();
+    let indices = model.taps();
     let last = indices.iter().copied().max().unwrap_or(0);
     let device = pixels.device().clone();
     kept.reset();
     // Forward: nothing of the blocks' graphs is kept, only the trained blocks' inputs and the taps.
-    let (x0, ph, pw) = backbone.embed(pixels)?;
+    let (x0, ph, pw) = model.embed(pixels)?;
+    let grid = (ph, pw);
     let mut x = x0.detach();
     let mut taps: HashMap<usize, Tensor> = HashMap::new();
     if indices.contains(&0) {
@@ -124,7 +188,7 @@ pub fn checkpointed_step(
         if i >= first_trained {
             kept.put(i, &x)?;
         }
-        x = backbone.block_forward(i, &x)?.detach();
+        x = model.block(i, &x, grid)?.detach();
         if indices.contains(&(i + 1)) {
             taps.insert(i + 1, x.clone());
         }
@@ -133,11 +197,12 @@ pub fn checkpointed_step(
     // Head: the taps become leaves whose gradients start the walk back through the blocks.
     let leaves: HashMap<usize, Var> = taps.iter().map(|(&i, t)| Ok((i, Var::from_tensor(t)?))).collect::<Result<_>>()?;
     drop(taps);
-    let tokens = indices
+    let tapped = indices
         .iter()
-        .map(|i| leaves.get(i).ok_or_else(|| Error::Input(format!("hidden state {i} not computed"))).and_then(|v| backbone.output_norm(v.as_tensor())))
+        .map(|i| leaves.get(i).map(|v| v.as_tensor().clone()).ok_or_else(|| Error::Input(format!("hidden state {i} not computed"))))
         .collect::<Result<Vec<_>>>()?;
-    let value = loss(&model.decode(&BackboneFeatures { tokens, ph, pw })?)?;
+    let value = loss(&model.head(&tapped, grid)?)?;
+    drop(tapped);
     let scalar = value.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     if !scalar.is_finite() {
         return Ok(scalar);
@@ -150,7 +215,7 @@ pub fn checkpointed_step(
     for i in (first_trained..last).rev() {
         let Some(g) = upstream.remove(&(i + 1)) else { continue };
         let input = Var::from_tensor(&kept.take(i, &device)?)?;
-        let y = backbone.block_forward(i, input.as_tensor())?;
+        let y = model.block(i, input.as_tensor(), grid)?;
         let store = (y * g)?.sum_all()?.backward()?;
         grads.add_available(&store)?;
         if let Some(gx) = store.get(input.as_tensor()) {
@@ -165,7 +230,7 @@ pub fn checkpointed_step(
     if first_trained == 0 {
         // Embeddings trained too (`all`): recompute them and finish the walk.
         if let Some(g) = upstream.remove(&0) {
-            let (x0, _, _) = backbone.embed(pixels)?;
+            let (x0, _, _) = model.embed(pixels)?;
             grads.add_available(&(x0 * g)?.sum_all()?.backward()?)?;
         }
     }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::select::TrainSpec;
+use super::task::TaskKind;
 use crate::error::{Error, Result};
 
 /// Largest side of a training input.
@@ -19,9 +20,10 @@ pub const MAX_BATCH: usize = 1024;
 pub struct FinetuneConfig {
     /// Model directory (config.json + model.safetensors) or GGUF file.
     pub model: PathBuf,
-    /// `depth` (Depth Anything V1/V2).
+    /// `depth` (Depth Anything V1/V2), `segmentation` (SegFormer) or `chm` (CHMv2).
     pub task: String,
-    /// Data directory: `images/<name>.{png,jpg,jpeg,tif,tiff}` and `targets/<name>.npy`.
+    /// Data directory: `images/<name>.{png,jpg,jpeg,tif,tiff}` and `targets/<name>.npy` (depth,
+    /// chm) or `targets/<name>.png` (segmentation: 8-bit class ids).
     pub data: PathBuf,
     /// Output directory: `last/`, `best/`, `log.jsonl`, `state/`.
     pub out: PathBuf,
@@ -40,9 +42,17 @@ pub struct FinetuneConfig {
     /// `head`, `last:N` or `all`.
     #[serde(default = "head")]
     pub train: String,
-    /// Loss: `ssi` (relative depth, default for relative models), `silog` (metric), `l1`.
+    /// Loss: `ssi` (default for relative depth), `silog` (default for metric depth and chm), `l1`;
+    /// `cross_entropy` (default for segmentation), `focal`.
     #[serde(default)]
     pub loss: Option<String>,
+    /// Class id not counted by the segmentation losses (default: the checkpoint's
+    /// `semantic_loss_ignore_index`, else 255).
+    #[serde(default)]
+    pub ignore_index: Option<u32>,
+    /// Focal-loss exponent γ.
+    #[serde(default = "focal_gamma")]
+    pub focal_gamma: f64,
     /// One-cycle peak learning rate.
     #[serde(default = "max_lr")]
     pub max_lr: f64,
@@ -102,6 +112,7 @@ fn one() -> usize { 1 }
 fn two() -> usize { 2 }
 fn head() -> String { "head".into() }
 fn max_lr() -> f64 { 1e-4 }
+fn focal_gamma() -> f64 { 2.0 }
 fn pct_start() -> f64 { 0.3 }
 fn div_factor() -> f64 { 25.0 }
 fn final_div_factor() -> f64 { 1e4 }
@@ -146,9 +157,7 @@ impl FinetuneConfig {
     /// Checks every setting; names the first that is out of range.
     pub fn validate(&self) -> Result<()> {
         let bad = |k: &str, msg: String| Err(Error::Config(format!("{k}: {msg}")));
-        if self.task != "depth" {
-            return bad("task", format!("`{}` is not supported yet (supported: depth)", self.task));
-        }
+        let task = TaskKind::parse(&self.task)?;
         for (k, p) in [("model", &self.model), ("data", &self.data), ("out", &self.out)] {
             if p.as_os_str().is_empty() {
                 return bad(k, "is required".into());
@@ -165,8 +174,8 @@ impl FinetuneConfig {
         }
         self.train_spec()?;
         if let Some(l) = &self.loss {
-            if !["ssi", "silog", "l1"].contains(&l.as_str()) {
-                return bad("loss", format!("`{l}`: expected ssi, silog or l1"));
+            if !task.losses().contains(&l.as_str()) {
+                return bad("loss", format!("`{l}` does not fit task `{}` (expected {})", self.task, task.losses().join(", ")));
             }
         }
         let finite_in = |k: &str, v: f64, lo: f64, hi: f64, lo_open: bool| -> Result<()> {
@@ -174,6 +183,7 @@ impl FinetuneConfig {
             if ok { Ok(()) } else { bad(k, format!("{v} is outside {}{lo}, {hi}]", if lo_open { "(" } else { "[" })) }
         };
         finite_in("max_lr", self.max_lr, 0.0, 10.0, true)?;
+        finite_in("focal_gamma", self.focal_gamma, 0.0, 100.0, false)?;
         finite_in("pct_start", self.pct_start, 0.0, 1.0, true)?;
         finite_in("div_factor", self.div_factor, 0.0, 1e12, true)?;
         finite_in("final_div_factor", self.final_div_factor, 0.0, 1e12, true)?;

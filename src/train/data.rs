@@ -1,14 +1,36 @@
-//! Training data: `DIR/images/<name>.{png,jpg,jpeg,tif,tiff}` paired with `DIR/targets/<name>.npy`, a
-//! train/validation split fixed by file name, and samples at the training resolution.
+//! Training data: `DIR/images/<name>.{png,jpg,jpeg,tif,tiff}` paired with `DIR/targets/<name>.npy`
+//! (depth, canopy height) or `DIR/targets/<name>.png` (class ids), a train/validation split fixed by
+//! file name, and samples at the training resolution.
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 
 use super::rng::SplitMix;
 use crate::error::{Error, Result};
+use crate::imageio::class_map::read_class_png;
+use crate::imageio::decode::file_header_size;
 use crate::imageio::npy::read_npy_2d;
 use crate::imageio::resample::{resize, Filter};
 use crate::imageio::{load_rgb, ImageLimits};
+
+/// What a target file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetKind {
+    /// `<name>.npy`: a float map (f16/f32), NaN = ignore.
+    Values,
+    /// `<name>.png`: 8-bit class ids (grey level or palette index); the ignore index is ignored.
+    Classes,
+}
+
+impl TargetKind {
+    /// The target file suffix.
+    pub fn suffix(self) -> &'static str {
+        match self {
+            TargetKind::Values => "npy",
+            TargetKind::Classes => "png",
+        }
+    }
+}
 
 /// Image suffixes looked for under `images/`.
 pub const IMAGE_SUFFIXES: &[&str] = &["png", "jpg", "jpeg", "tif", "tiff"];
@@ -41,9 +63,9 @@ fn name_hash(name: &str) -> u64 {
 }
 
 impl Dataset {
-    /// Lists `data/images`, pairs each image with `data/targets/<stem>.npy` (a missing target is an
-    /// error naming it) and holds out `⌈n · val_fraction⌉` pairs, the ones with the smallest name hash.
-    pub fn open(data: &Path, val_fraction: f64) -> Result<Self> {
+    /// Lists `data/images`, pairs each image with `data/targets/<stem>.<npy|png>` (a missing target is
+    /// an error naming it) and holds out `⌈n · val_fraction⌉` pairs, the ones with the smallest name hash.
+    pub fn open(data: &Path, val_fraction: f64, kind: TargetKind) -> Result<Self> {
         let images = data.join("images");
         let targets = data.join("targets");
         let list = std::fs::read_dir(&images).map_err(|e| Error::Io { path: images.clone(), source: e })?;
@@ -60,7 +82,7 @@ impl Dataset {
                 .and_then(|s| s.to_str())
                 .ok_or_else(|| Error::bad_file(&path, "the file name is not valid UTF-8"))?
                 .to_string();
-            let target = targets.join(format!("{name}.npy"));
+            let target = targets.join(format!("{name}.{}", kind.suffix()));
             if !target.is_file() {
                 return Err(Error::bad_file(&path, format!("no target: {} is missing", target.display())));
             }
@@ -97,14 +119,10 @@ pub struct SampleSpec {
     pub mean: [f32; 3],
     /// Normalisation std (RGB).
     pub std: [f32; 3],
-}
-
-/// A sample: normalised `[3, H, W]` pixels and a `[H, W]` target (NaN = ignore).
-pub struct Sample {
-    /// Pixel values.
-    pub pixels: Tensor,
-    /// Target values.
-    pub target: Tensor,
+    /// The resampling filter of the model's own preprocessing.
+    pub filter: Filter,
+    /// What the targets hold.
+    pub target: TargetKind,
 }
 
 /// Light augmentation drawn per sample: brightness, contrast, gamma, noise, horizontal flip.
@@ -131,40 +149,66 @@ impl Augment {
         }
     }
 
-    fn apply(&self, rgb: &mut [f32], h: usize, w: usize, target: &mut [f32]) {
+    fn apply_photometric(&self, rgb: &mut [f32]) {
         let mean = rgb.iter().sum::<f32>() / rgb.len().max(1) as f32;
         let mut noise = SplitMix::new(self.noise_seed);
         for v in rgb.iter_mut() {
             let x = ((*v * self.brightness - mean) * self.contrast + mean).clamp(0.0, 1.0);
             *v = (x.powf(self.gamma) + self.noise * noise.normal() as f32).clamp(0.0, 1.0);
         }
+    }
+
+    fn flip_rows(&self, planes: &mut [f32], w: usize) {
         if self.flip {
-            for row in rgb.chunks_exact_mut(w).chain(target.chunks_exact_mut(w)) {
+            for row in planes.chunks_exact_mut(w) {
                 row.reverse();
             }
         }
-        debug_assert_eq!(rgb.len(), 3 * h * w);
     }
 }
 
-/// Loads `pair` at `spec.size`: the image resized bicubically, the target by nearest neighbour
-/// (it must have the image's size), optionally augmented.
-pub fn load_sample(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Sample> {
+/// The model input of `pair`: its image resized to `spec.size` with the model's filter, optionally
+/// augmented, normalised → `[3, H, W]`.
+pub fn load_pixels(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
     let img = load_rgb(&pair.image, &ImageLimits::default())?;
-    let ((th, tw), values) = read_npy_2d(&pair.target)?;
-    let (iw, ih) = img.dimensions();
-    if (th, tw) != (ih as usize, iw as usize) {
-        return Err(Error::bad_file(&pair.target, format!("target is {th}×{tw}, but its image {} is {ih}×{iw}", pair.image.display())));
-    }
     let (h, w) = spec.size;
     crate::config_check::input_elements(h, w, 3)?;
-    let resized = resize(&img, w as u32, h as u32, Filter::Bicubic);
+    let resized = resize(&img, w as u32, h as u32, spec.filter);
     let mut rgb = vec![0f32; 3 * h * w];
     for (i, px) in resized.as_raw().chunks_exact(3).enumerate() {
         for c in 0..3 {
             rgb[c * h * w + i] = px[c] as f32 / 255.0;
         }
     }
+    if let Some(a) = augment {
+        a.apply_photometric(&mut rgb);
+        a.flip_rows(&mut rgb, w);
+    }
+    for c in 0..3 {
+        for v in &mut rgb[c * h * w..(c + 1) * h * w] {
+            *v = (*v - spec.mean[c]) / spec.std[c];
+        }
+    }
+    Ok(Tensor::from_vec(rgb, (3, h, w), device)?)
+}
+
+/// The target of `pair` at `spec.size` (nearest neighbour; it must have its image's size, read from
+/// the image header), flipped with the image when `augment` flips → `[H, W]` f32 (class ids as values).
+pub fn load_target(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
+    let limits = ImageLimits::default();
+    let ((th, tw), values) = match spec.target {
+        TargetKind::Values => read_npy_2d(&pair.target)?,
+        TargetKind::Classes => {
+            let (dims, ids) = read_class_png(&pair.target, &limits)?;
+            (dims, ids.into_iter().map(f32::from).collect())
+        }
+    };
+    let (iw, ih) = file_header_size(&pair.image, &limits)?;
+    if (th, tw) != (ih as usize, iw as usize) {
+        return Err(Error::bad_file(&pair.target, format!("target is {th}×{tw}, but its image {} is {ih}×{iw}", pair.image.display())));
+    }
+    let (h, w) = spec.size;
+    crate::config_check::input_elements(h, w, 1)?;
     let mut target = vec![0f32; h * w];
     for y in 0..h {
         let sy = (y * th / h).min(th - 1);
@@ -173,12 +217,7 @@ pub fn load_sample(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, dev
         }
     }
     if let Some(a) = augment {
-        a.apply(&mut rgb, h, w, &mut target);
+        a.flip_rows(&mut target, w);
     }
-    for c in 0..3 {
-        for v in &mut rgb[c * h * w..(c + 1) * h * w] {
-            *v = (*v - spec.mean[c]) / spec.std[c];
-        }
-    }
-    Ok(Sample { pixels: Tensor::from_vec(rgb, (3, h, w), device)?, target: Tensor::from_vec(target, (h, w), device)? })
+    Ok(Tensor::from_vec(target, (h, w), device)?)
 }

@@ -2,13 +2,13 @@
 //! augmentation in front of the backbone, its output for an image never changes.
 use std::collections::HashMap;
 
-use crate::models::depth_anything::BackboneFeatures;
+use super::task::Features;
 
 /// Features by (validation?, index), up to a byte budget; beyond it features are recomputed.
 pub struct FeatureCache {
     budget: usize,
     used: usize,
-    items: HashMap<(bool, usize), BackboneFeatures>,
+    items: HashMap<(bool, usize), Features>,
 }
 
 impl FeatureCache {
@@ -18,12 +18,12 @@ impl FeatureCache {
     }
 
     /// The cached features of `key`.
-    pub fn get(&self, key: (bool, usize)) -> Option<BackboneFeatures> {
+    pub fn get(&self, key: (bool, usize)) -> Option<Features> {
         self.items.get(&key).cloned()
     }
 
     /// Keeps `f` if it fits in what is left of the budget.
-    pub fn insert(&mut self, key: (bool, usize), f: &BackboneFeatures) {
+    pub fn insert(&mut self, key: (bool, usize), f: &Features) {
         let b = f.bytes();
         if self.used + b <= self.budget && !self.items.contains_key(&key) {
             self.used += b;

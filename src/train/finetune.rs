@@ -12,51 +12,20 @@ use super::adamw::{AdamW, AdamWConfig};
 use super::checkpoint::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
 use super::checkpointing::{checkpointed_step, KeptInputs, SpillFile};
 use super::config::FinetuneConfig;
-use super::data::{load_sample, Augment, Dataset, Pair, SampleSpec};
+use super::data::{load_pixels, load_target, Augment, Dataset, Pair, SampleSpec};
 use super::ema::{Ema, EmaConfig};
 use super::features::FeatureCache;
 use super::grads::Grads;
-use super::losses;
 use super::rng::SplitMix;
 use super::schedule::{OneCycle, OneCycleConfig};
-use super::select::{select, TrainSpec, DEPTH_ANYTHING};
+use super::select::{select, TrainSpec};
+use super::task::{sample_spec, Features, Loss, TaskKind, TaskModel};
 use crate::error::{Error, Result};
-use crate::models::depth_anything::{BackboneFeatures, DepthAnything, DepthKind};
-use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::weights::{Trainable, Vb, WeightStore};
-
-/// The regression loss of a depth task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DepthLoss {
-    /// Scale-and-shift-invariant (relative depth).
-    Ssi,
-    /// Scale-invariant log (metric depth).
-    Silog,
-    /// Masked L1.
-    L1,
-}
-
-impl DepthLoss {
-    fn of(name: Option<&str>, kind: DepthKind) -> Self {
-        match (name, kind) {
-            (Some("silog"), _) | (None, DepthKind::Metric) => DepthLoss::Silog,
-            (Some("l1"), _) => DepthLoss::L1,
-            _ => DepthLoss::Ssi,
-        }
-    }
-
-    fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
-        match self {
-            DepthLoss::Ssi => losses::ssi(pred, target),
-            DepthLoss::Silog => losses::silog(pred, target, 0.5),
-            DepthLoss::L1 => losses::l1(pred, target),
-        }
-    }
-}
 
 /// What the model reads: cached backbone features (head only) or pixels.
 enum Inputs {
-    Features(BackboneFeatures),
+    Features(Features),
     Pixels(Tensor),
 }
 
@@ -80,13 +49,15 @@ struct Job {
     cfg: FinetuneConfig,
     spec: TrainSpec,
     store: Arc<WeightStore>,
-    model: DepthAnything,
+    model: TaskModel,
     params: Vec<(String, Var)>,
     data: Dataset,
     sample: SampleSpec,
-    loss: DepthLoss,
+    loss: Loss,
     cache: FeatureCache,
     device: Device,
+    /// Files copied beside the weights in `last/` and `best/` (the model's preprocessing).
+    extra_files: Vec<(&'static str, Vec<u8>)>,
 }
 
 /// Runs (or resumes) the fine-tuning `cfg` describes; `note` receives progress lines.
@@ -98,34 +69,35 @@ pub fn finetune(cfg: &FinetuneConfig, device: &Device, note: &mut dyn FnMut(&str
 
 impl Job {
     fn load(cfg: &FinetuneConfig, device: &Device) -> Result<Self> {
+        let task = TaskKind::parse(&cfg.task)?;
         let store = Arc::new(WeightStore::open(&cfg.model)?);
-        let arch = crate::models::architecture(&store).unwrap_or_default();
-        if arch != "depth_anything" {
-            return Err(Error::bad_file(&cfg.model, format!("task `depth` fine-tunes Depth Anything V1/V2 checkpoints (model_type `depth_anything`); this is `{arch}`")));
-        }
         let spec = cfg.train_spec()?;
         let names: Vec<String> = store.entries().keys().cloned().collect();
-        let chosen = select(&DEPTH_ANYTHING, spec, &names)?;
+        let chosen = select(task.layout(), spec, &names)?;
         let trainable = Trainable::new(move |n| chosen.contains(n));
         let vb = Vb::new(store.clone(), DType::F32, device.clone()).with_trainable(trainable.clone());
-        let model = DepthAnything::load(&vb, store.config()).map_err(|e| crate::config_check::in_file(store.config_origin(), e))?;
+        let model = TaskModel::load(task, &vb, &cfg.model)?;
         let params = trainable.vars();
         if params.is_empty() {
             return Err(Error::Config(format!("train = `{}` trains no parameter that the model uses", spec.name())));
         }
-        let p = model.patch_size();
+        if (cfg.checkpoint_activations || cfg.offload) && model.block_walk().is_none() && spec != TrainSpec::Head {
+            return Err(Error::Config(format!("checkpoint_activations / offload: supported for the ViT backbones of tasks `depth` and `chm`; not yet for `{}`", cfg.task)));
+        }
+        let p = model.input_multiple();
         let [h, w] = cfg.input_size;
         if h % p != 0 || w % p != 0 {
             return Err(Error::Config(format!("input_size [{h}, {w}]: each side must be a multiple of the patch size {p}")));
         }
-        let data = Dataset::open(&cfg.data, cfg.val_fraction)?;
+        let data = Dataset::open(&cfg.data, cfg.val_fraction, task.target_kind())?;
         if data.train.is_empty() {
             return Err(Error::bad_file(&cfg.data, "no training images left after the validation split"));
         }
-        let loss = DepthLoss::of(cfg.loss.as_deref(), model.kind());
+        let loss = model.loss(cfg.loss.as_deref(), cfg.ignore_index, cfg.focal_gamma);
         let cache_bytes = if spec == TrainSpec::Head && !cfg.augment { cfg.feature_cache_mib << 20 } else { 0 };
-        let sample = SampleSpec { size: (h, w), mean: IMAGENET_MEAN, std: IMAGENET_STD };
-        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone() })
+        let sample = sample_spec(task, &cfg.model, (h, w))?;
+        let extra_files = preprocessor_file(&cfg.model)?.map(|b| vec![("preprocessor_config.json", b)]).unwrap_or_default();
+        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files })
     }
 
     fn micro_per_epoch(&self) -> usize {
@@ -136,21 +108,24 @@ impl Job {
         self.micro_per_epoch().div_ceil(self.cfg.accumulate)
     }
 
-    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks.
+    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks. An
+    /// image whose frozen-backbone features are cached is not decoded again; only its target is read.
     fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<(Inputs, Tensor)> {
         let mut pixels = Vec::with_capacity(pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         let mut feats = Vec::with_capacity(pairs.len());
         for (&(val, i), aug) in pairs.iter().zip(augment) {
             let pair: &Pair = if val { &self.data.val[i] } else { &self.data.train[i] };
-            let s = load_sample(pair, &self.sample, *aug, &self.device)?;
-            targets.push(s.target);
+            let target = load_target(pair, &self.sample, *aug, &self.device)?;
+            self.check_classes(pair, &target)?;
+            targets.push(target);
             if self.spec == TrainSpec::Head {
                 let key = (val, i);
                 let f = match self.cache.get(key) {
                     Some(f) => f,
                     None => {
-                        let f = self.model.backbone_features(&s.pixels.unsqueeze(0)?)?;
+                        let x = load_pixels(pair, &self.sample, *aug, &self.device)?;
+                        let f = self.model.features(&x.unsqueeze(0)?)?;
                         if aug.is_none() {
                             self.cache.insert(key, &f);
                         }
@@ -159,16 +134,28 @@ impl Job {
                 };
                 feats.push(f);
             } else {
-                pixels.push(s.pixels);
+                pixels.push(load_pixels(pair, &self.sample, *aug, &self.device)?);
             }
         }
         let inputs = if self.spec == TrainSpec::Head {
             let refs: Vec<&_> = feats.iter().collect();
-            Inputs::Features(BackboneFeatures::stack(&refs)?)
+            Inputs::Features(Features::stack(&refs)?)
         } else {
             Inputs::Pixels(Tensor::stack(&pixels, 0)?)
         };
         Ok((inputs, Tensor::stack(&targets, 0)?))
+    }
+
+    /// A class map may only hold the model's classes and the ignore index.
+    fn check_classes(&self, pair: &Pair, target: &Tensor) -> Result<()> {
+        let (Some(classes), Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. }) = (self.model.classes(), self.loss) else {
+            return Ok(());
+        };
+        let values = target.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(&v) = values.iter().find(|&&v| v as usize >= classes && v as u32 != ignore) {
+            return Err(Error::bad_file(&pair.target, format!("class id {v} is not one of the model's {classes} classes (0..={}) nor the ignore index {ignore}", classes - 1)));
+        }
+        Ok(())
     }
 
     fn predict(&self, inputs: &Inputs) -> Result<Tensor> {
@@ -180,7 +167,7 @@ impl Job {
 
     /// The first backbone block that trains (the block count when none does).
     fn first_trained_block(&self) -> usize {
-        let n = self.model.backbone().block_count();
+        let n = self.model.block_walk().map_or(0, |w| w.block_count());
         match self.spec {
             TrainSpec::Head => n,
             TrainSpec::Last(k) => n.saturating_sub(k),
@@ -221,6 +208,10 @@ impl Job {
         set_vars(&self.params, &live)?;
         result?;
         Ok(Some(total / n as f64))
+    }
+
+    fn extra(&self) -> Vec<(&'static str, &[u8])> {
+        self.extra_files.iter().map(|(n, b)| (*n, b.as_slice())).collect()
     }
 
     /// The weights the outputs carry: the EMA's when there is one.
@@ -318,7 +309,8 @@ impl Job {
                 let value = match (&mut kept, &inputs) {
                     (Some(kept), Inputs::Pixels(pixels)) => {
                         let loss_fn = |pred: &Tensor| -> Result<Tensor> { Ok((self.loss.apply(pred, &target)? / k as f64)?) };
-                        checkpointed_step(&self.model, pixels, self.first_trained_block(), kept, &mut grads, &loss_fn)? * k as f64
+                        let model = self.model.block_walk().ok_or_else(|| Error::Config("activation checkpointing needs a ViT backbone".into()))?;
+                        checkpointed_step(model, pixels, self.first_trained_block(), kept, &mut grads, &loss_fn)? * k as f64
                     }
                     _ => {
                         let loss = self.loss.apply(&self.predict(&inputs)?, &target)?;
@@ -354,12 +346,12 @@ impl Job {
                     note(&format!("step {step}/{total}: loss {loss:.5}, val_loss {v:.5}"));
                     if best_val.is_none_or(|b| v < b) {
                         best_val = Some(v);
-                        save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("best"))?;
+                        save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &self.extra(), &out.join("best"))?;
                     }
                 }
             }
             if step % self.cfg.save_every == 0 || step == total {
-                save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("last"))?;
+                save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &self.extra(), &out.join("last"))?;
                 let mut tensors: Vec<(String, Tensor)> = self.named_tensors().into_iter().map(|(n, t)| (format!("param.{n}"), t)).collect();
                 tensors.extend(adam.state().into_iter().map(|(n, t)| (format!("adam.{n}"), t)));
                 if let Some(e) = ema.as_ref() {
@@ -376,10 +368,19 @@ impl Job {
         }
         if !out.join("best").exists() {
             // No validation split: the last weights are the best known.
-            save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &out.join("best"))?;
+            save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &self.extra(), &out.join("best"))?;
         }
         Ok(Summary { total_steps: total, steps_taken: step - first, trainable, best_val, seconds: started.elapsed().as_secs_f64() })
     }
+}
+
+/// `preprocessor_config.json` beside the model (inside a model directory, or beside a single file).
+fn preprocessor_file(model: &Path) -> Result<Option<Vec<u8>>> {
+    let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
+    if !p.is_file() {
+        return Ok(None);
+    }
+    crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT).map(Some)
 }
 
 fn names(pairs: &[Pair], idx: &[(bool, usize)]) -> String {

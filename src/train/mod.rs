@@ -13,3 +13,4 @@ pub mod losses;
 pub mod rng;
 pub mod schedule;
 pub mod select;
+pub mod task;

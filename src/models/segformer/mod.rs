@@ -275,7 +275,7 @@ impl PatchEmbed {
 
     /// NCHW → (tokens `[B, h·w, C]`, h, w).
     fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, usize, usize)> {
-        let y = self.proj.forward(x)?;
+        let y = crate::nn::grad::conv2d(&self.proj, x)?;
         let (_, _, h, w) = y.dims4()?;
         Ok((crate::nn::grad::layer_norm(&self.norm, &nchw_to_tokens(&y)?)?, h, w))
     }
@@ -322,7 +322,9 @@ impl Attention {
         let (b, n, _) = x.dims3()?;
         let q = self.heads(&self.query.forward(x)?)?;
         let kv = match &self.sr {
-            Some((conv, norm)) => crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?,
+            Some((conv, norm)) => {
+                crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&crate::nn::grad::conv2d(conv, &tokens_to_nchw(x, h, w)?)?)?)?
+            }
             None => x.clone(),
         };
         let k = self.heads(&self.key.forward(&kv)?)?;
@@ -438,10 +440,36 @@ struct FoldedHead {
     cls_b: Tensor,
 }
 
+/// `linear_fuse` and an eval-mode BatchNorm kept apart, for training: the conv weight and the
+/// BatchNorm's affine parameters may be trainable; the running statistics stay fixed.
+struct TrainableFuse {
+    weight: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+    mean: Tensor,
+    /// `1 / sqrt(running_var + ε)`.
+    inv_std: Tensor,
+}
+
+impl TrainableFuse {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let d = self.gamma.dim(0)?;
+        let per_channel = |t: &Tensor| t.reshape((1, d, 1, 1));
+        let y = x.conv2d(&self.weight, 0, 1, 1, 1)?;
+        let scale = (&self.gamma * &self.inv_std)?;
+        y.broadcast_sub(&per_channel(&self.mean)?)?.broadcast_mul(&per_channel(&scale)?)?.broadcast_add(&per_channel(&self.beta)?)
+    }
+}
+
+/// `linear_fuse` + BatchNorm: folded into one conv for inference, kept apart when the head trains.
+enum Fuse {
+    Folded(Conv2d),
+    Trainable(TrainableFuse),
+}
+
 struct DecodeHead {
     proj: Vec<Linear>,
-    /// `linear_fuse` with the BatchNorm folded in.
-    fuse: Conv2d,
+    fuse: Fuse,
     classifier: Conv2d,
     folded: Option<FoldedHead>,
     imp: DecodeHeadImpl,
@@ -455,6 +483,24 @@ impl DecodeHead {
         let proj = (0..n)
             .map(|s| Linear::load(&vb.pp("linear_c").pp(s).pp("proj"), cfg.hidden_sizes[s], d, true))
             .collect::<Result<Vec<_>>>()?;
+        let classifier = conv2d(&vb.pp("classifier"), d, labels, 1, Conv2dConfig::default(), true)?;
+        let trains = ["linear_fuse.weight", "batch_norm.weight", "batch_norm.bias", "classifier.weight", "classifier.bias"]
+            .iter()
+            .any(|n| vb.is_trainable(n))
+            || (0..n).any(|s| vb.pp("linear_c").pp(s).pp("proj").is_trainable("weight"));
+        if trains {
+            // Unfolded, in the model's dtype (f64 for gradient checks), reading the Vars themselves.
+            let bn = vb.pp("batch_norm");
+            let inv_std = (bn.get(d, "running_var")? + BATCH_NORM_EPS)?.sqrt()?.recip()?;
+            let fuse = TrainableFuse {
+                weight: vb.get((d, n * d, 1, 1), "linear_fuse.weight")?,
+                gamma: bn.get(d, "weight")?,
+                beta: bn.get(d, "bias")?,
+                mean: bn.get(d, "running_mean")?,
+                inv_std,
+            };
+            return Ok(DecodeHead { proj, fuse: Fuse::Trainable(fuse), classifier, folded: None, imp: DecodeHeadImpl::Literal });
+        }
         // Fold eval-mode BatchNorm into the bias-free 1x1 conv, in f32:
         // y = γ (W x − μ) / sqrt(σ² + ε) + β  =  (γ/σ̂ · W) x + (β − γ μ / σ̂).
         let f32v = vb.with_dtype(DType::F32);
@@ -464,12 +510,10 @@ impl DecodeHead {
         let beta = bn.get(d, "bias")?;
         let mean = bn.get(d, "running_mean")?;
         let var = bn.get(d, "running_var")?;
-        let inv = (gamma / (var + BATCH_NORM_EPS)?.sqrt()?)?;
+        let inv = (gamma / (&var + BATCH_NORM_EPS)?.sqrt()?)?;
         let w32 = w.broadcast_mul(&inv.reshape((d, 1, 1, 1))?)?;
-        let b32 = (beta - (mean * &inv)?)?;
-        let fuse = Conv2d::new(w32.to_dtype(vb.dtype())?, Some(b32.to_dtype(vb.dtype())?), Conv2dConfig::default());
-        let classifier = conv2d(&vb.pp("classifier"), d, labels, 1, Conv2dConfig::default(), true)?;
-
+        let b32 = (beta - (&mean * &inv)?)?;
+        let fuse = Fuse::Folded(Conv2d::new(w32.to_dtype(vb.dtype())?, Some(b32.to_dtype(vb.dtype())?), Conv2dConfig::default()));
         // The folded form, computed in f64 from the f32 weights (on the CPU, then moved).
         let folded = if vb.dtype() == DType::F32 && vb.device().is_cpu() {
             let wf = w32.reshape((d, n * d))?.to_dtype(DType::F64)?;
@@ -511,7 +555,10 @@ impl DecodeHead {
             ups.push(if (*h, *w) == (h0, w0) { y } else { crate::nn::grad::bilinear(&y, h0, w0, false)? });
         }
         let x = Tensor::cat(&ups, 1)?;
-        let x = self.fuse.forward(&x)?.relu()?;
+        let x = match &self.fuse {
+            Fuse::Trainable(t) => t.forward(&x)?.relu()?,
+            Fuse::Folded(c) => c.forward(&x)?.relu()?,
+        };
         self.classifier.forward(&x)
     }
 
@@ -676,8 +723,13 @@ impl SegformerForSemanticSegmentation {
         Ok((logits, hidden))
     }
 
+    /// The decode head on encoder features ([`Self::encode`]) → logits `[B, num_labels, h_0, w_0]`.
+    pub fn decode(&self, feats: &[(Tensor, usize, usize)]) -> Result<Tensor> {
+        Ok(self.head.forward(feats)?)
+    }
+
     /// Per stage: (tokens `[B, h·w, C]` after the stage LayerNorm, h, w).
-    fn encode(&self, pixel_values: &Tensor) -> Result<Vec<(Tensor, usize, usize)>> {
+    pub fn encode(&self, pixel_values: &Tensor) -> Result<Vec<(Tensor, usize, usize)>> {
         let mut x = self.check_input(pixel_values)?;
         let mut feats = Vec::with_capacity(self.stages.len());
         for (s, st) in self.stages.iter().enumerate() {
