@@ -81,6 +81,9 @@ fn segmentation_example_learns_and_its_model_segments() {
     let (_t, out) = example_learns("finetune_segmentation.toml", "segment", "examples/finetune/segmentation/images/tile_00.png", ".seg.png");
     let fixture = root().join("tests/fixtures/segformer_tiny");
     let best = out.join("best");
+    // Integer buffers keep their dtype (transformers' `num_batches_tracked` is int64).
+    let store = WeightStore::open(&best).unwrap();
+    assert_eq!(store.entries()["decode_head.batch_norm.num_batches_tracked"].dtype.plain(), Some(DType::I64));
     // BatchNorm statistics never train; every parameter moved.
     assert_eq!(tensor(&best, "decode_head.batch_norm.running_var"), tensor(&fixture, "decode_head.batch_norm.running_var"));
     for n in ["decode_head.classifier.weight", "decode_head.batch_norm.weight", "segformer.encoder.patch_embeddings.0.proj.weight"] {

@@ -26,7 +26,9 @@ pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, ex
         let t = match updated.get(name) {
             Some(t) => t.clone(),
             None => {
-                let keep = entry.dtype.plain().filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16)).unwrap_or(DType::F32);
+                // Floats and integer buffers (BatchNorm's `num_batches_tracked`) keep their dtype;
+                // quantized blocks are written as f32.
+                let keep = entry.dtype.plain().filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::I64 | DType::U32 | DType::U8)).unwrap_or(DType::F32);
                 store.tensor(name, keep, &Device::Cpu)?
             }
         };
