@@ -113,15 +113,15 @@ fn the_fast_kernels_drop_gradients_that_the_grad_paths_keep() {
 #[test]
 fn strided_conv_backward_is_right_for_uneven_remainders() {
     let (x, w, b) = (var(&[2, 3, 4, 5], 7), var(&[4, 3, 3, 3], 8), var(&[4], 9));
-    let conv = Conv2d::new(w.as_tensor().clone(), Some(b.as_tensor().clone()), Conv2dConfig { stride: 2, padding: 1, ..Default::default() });
+    let conv = edgerun::nn::conv::Conv2d::new(w.as_tensor().clone(), Some(b.as_tensor().clone()), Conv2dConfig { stride: 2, padding: 1, ..Default::default() });
     // Candle's own backward fails on this shape (its input gradient comes out 4×6).
-    assert!(weigh(&conv.forward(x.as_tensor()).unwrap()).backward().is_err());
-    let y = grad::conv2d(&conv, x.as_tensor()).unwrap();
-    let want = conv.forward(&x.as_tensor().detach()).unwrap();
+    assert!(weigh(&conv.forward_candle(x.as_tensor()).unwrap()).backward().is_err());
+    let y = conv.forward(x.as_tensor()).unwrap();
+    let want = conv.forward_candle(&x.as_tensor().detach()).unwrap();
     assert_eq!(y.dims(), want.dims());
     let d = (y.detach() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
     assert!(d < 1e-12, "forward differs by {d}");
-    check(&[("x", &x), ("weight", &w), ("bias", &b)], &|| weigh(&grad::conv2d(&conv, x.as_tensor()).unwrap()), 30);
+    check(&[("x", &x), ("weight", &w), ("bias", &b)], &|| weigh(&conv.forward(x.as_tensor()).unwrap()), 30);
 }
 
 #[test]

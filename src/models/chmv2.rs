@@ -6,7 +6,7 @@
 //! upsampling ×2 (the first has no residual unit for a skip input); `conv_depth` (3×3 → ×2 bilinear →
 //! 3×3 → ReLU → 1×1 to the bins); then [`FeaturesToDepth`] (`chmv2_mixlog` for the hub checkpoint).
 use candle_core::{DType, Module, Tensor, D};
-use candle_nn::Conv2d;
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};

@@ -10,7 +10,8 @@
 //! replace the preset. The camera encoder/decoder and the DualDPT ray branch (`model.cam_enc.*`,
 //! `model.cam_dec.*`, `head.scratch.*_aux*`) are never read.
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2d, LayerNorm};
+use candle_nn::LayerNorm;
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};

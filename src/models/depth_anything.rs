@@ -1,6 +1,6 @@
 //! Depth Anything (V1/V2, relative and metric): transformers `DepthAnythingForDepthEstimation`.
 use candle_core::{Module, Tensor};
-use candle_nn::Conv2d;
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::{Model, NamedTensors};

@@ -4,7 +4,8 @@
 //! carry the Depth Anything 3 extras as options ([`Dinov2Options`]): per-head q/k LayerNorm, 2-D RoPE,
 //! a camera token and alternating per-view / cross-view attention ([`Dinov2::forward_views`]).
 use candle_core::{Module, Tensor, D};
-use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, LayerNorm};
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::activation::Activation;

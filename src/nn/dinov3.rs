@@ -5,7 +5,8 @@
 //! blocks with LayerScale ([`super::dinov2::Block`]), with DINOv3's projection names
 //! (`attention.{q,k,v,o}_proj`, `mlp.{up,down}_proj`, `mlp.gate_proj` for the gated variant).
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, LayerNorm};
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::activation::Activation;

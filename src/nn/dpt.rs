@@ -1,6 +1,7 @@
 //! DPT neck blocks (reassemble, 3×3 projections, feature fusion) shared by the depth and height models.
 use candle_core::{Module, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig};
+use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig};
+use super::conv::Conv2d;
 
 use super::interpolate::bilinear;
 use super::layers::{conv2d, conv_transpose2d};
@@ -71,7 +72,7 @@ impl ReassembleLayer {
         Ok(match &self.resize {
             Resample::Up(c) => c.forward(x)?,
             Resample::Identity => x.clone(),
-            Resample::Down(c) => super::grad::conv2d(c, x)?,
+            Resample::Down(c) => c.forward(x)?,
         })
     }
 }

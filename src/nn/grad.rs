@@ -78,13 +78,13 @@ pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result
 /// Conv2d whose backward Candle gets right. Candle 0.11.1 derives the input gradient's
 /// `output_padding` from the height alone and applies it to the width too, so a strided conv whose
 /// axes leave different remainders fails in backward (4×5 input, stride 2: a 4×6 gradient; Candle
-/// computes that gradient even when only the weights train). When `x` or the weights record, a strided conv is applied to the explicitly padded input cut to the rows and columns its
+/// computes that gradient even when only the weights train). [`super::conv::Conv2d`] calls this when `x`
+/// or the weights record: a strided conv is applied to the explicitly padded input cut to the rows and columns its
 /// windows read, which leaves no remainder on either axis.
-pub fn conv2d(conv: &candle_nn::Conv2d, x: &Tensor) -> Result<Tensor> {
+pub fn conv2d(conv: &super::conv::Conv2d, x: &Tensor) -> Result<Tensor> {
     let cfg = conv.config();
-    let recording = records(x) || records(conv.weight()) || conv.bias().is_some_and(records);
-    if !recording || cfg.stride == 1 {
-        return conv.forward(x);
+    if cfg.stride == 1 {
+        return conv.forward_candle(x);
     }
     let (_, _, h, w) = x.dims4()?;
     let (_, _, kh, kw) = conv.weight().dims4()?;

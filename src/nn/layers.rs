@@ -1,5 +1,7 @@
 //! Thin loaders for Candle's standard layers from a `Vb`.
-use candle_nn::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+
+use super::conv::Conv2d;
 
 use crate::error::Result;
 use crate::weights::Vb;

@@ -1,6 +1,7 @@
 //! Shared building blocks that the model files compose.
 pub mod activation;
 pub mod attention;
+pub mod conv;
 pub mod dinov2;
 pub mod dinov3;
 pub mod dpt;

@@ -16,7 +16,8 @@
 use std::collections::BTreeMap;
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, LayerNorm};
+use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use crate::config_check::{Section, MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_LEVELS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
@@ -275,7 +276,7 @@ impl PatchEmbed {
 
     /// NCHW → (tokens `[B, h·w, C]`, h, w).
     fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, usize, usize)> {
-        let y = crate::nn::grad::conv2d(&self.proj, x)?;
+        let y = self.proj.forward(x)?;
         let (_, _, h, w) = y.dims4()?;
         Ok((crate::nn::grad::layer_norm(&self.norm, &nchw_to_tokens(&y)?)?, h, w))
     }
@@ -323,7 +324,7 @@ impl Attention {
         let q = self.heads(&self.query.forward(x)?)?;
         let kv = match &self.sr {
             Some((conv, norm)) => {
-                crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&crate::nn::grad::conv2d(conv, &tokens_to_nchw(x, h, w)?)?)?)?
+                crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?
             }
             None => x.clone(),
         };

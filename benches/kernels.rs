@@ -1,0 +1,88 @@
+//! Criterion benchmarks of the hot kernels at the models' real shapes (`cargo bench --bench kernels`;
+//! one group: `cargo bench --bench kernels -- conv3x3`). Shapes: DA-V2-Small at 518² (1370 tokens of
+//! width 384, 6 heads, DPT head convs at 518² and fusion at 296²), SegFormer-B0 at 512² (stage-0 Mix-FFN).
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use edgerun::nn::attention::sdpa;
+use edgerun::nn::conv::Conv2d;
+use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
+use edgerun::nn::linear::Linear;
+
+fn randn(shape: &[usize]) -> Tensor {
+    Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap()
+}
+
+fn flops(c: &mut Criterion, group: &str, id: &str, n: u64, f: &mut dyn FnMut() -> Tensor) {
+    let mut g = c.benchmark_group(group);
+    g.sample_size(10).throughput(Throughput::Elements(n));
+    g.bench_function(BenchmarkId::from_parameter(id), |b| b.iter(&mut *f));
+    g.finish();
+}
+
+/// The ViT block's matmuls: qkv, attention output, MLP up and down (f32, Q8_0, Q4_K weights).
+fn gemm(c: &mut Criterion) {
+    let x = randn(&[1370, 384]);
+    let xh = randn(&[1370, 1536]);
+    for (name, input, out) in [("qkv", &x, 1152), ("proj", &x, 384), ("mlp_up", &x, 1536), ("mlp_down", &xh, 384)] {
+        let k = input.dim(1).unwrap();
+        let w = randn(&[out, k]);
+        let n = (2 * 1370 * k * out) as u64;
+        let lin = Linear::from_tensors(w.clone(), None).unwrap();
+        flops(c, "gemm_f32", name, n, &mut || lin.forward(input).unwrap());
+        // Q4_K needs rows that are whole 256-value super-blocks (the MLP down projection).
+        for dt in [GgmlDType::Q8_0, GgmlDType::Q4K].into_iter().filter(|d| k % d.block_size() == 0) {
+            let q = QMatMul::from_qtensor(QTensor::quantize(&w, dt).unwrap()).unwrap();
+            flops(c, &format!("gemm_{dt:?}"), name, n, &mut || q.forward(input).unwrap());
+        }
+    }
+}
+
+/// 3×3 convs of the DPT head and fusion: edgerun's stripe GEMM against Candle's conv2d; and 1×1.
+fn convs(c: &mut Criterion) {
+    for (ch, hw) in [(32usize, 518usize), (64, 296), (64, 74)] {
+        let x = randn(&[1, ch, hw, hw]);
+        let conv = Conv2d::new(randn(&[ch, ch, 3, 3]), Some(randn(&[ch])), Conv2dConfig { padding: 1, ..Default::default() });
+        let n = (2 * hw * hw * ch * ch * 9) as u64;
+        flops(c, "conv3x3_edgerun", &format!("{ch}ch_{hw}"), n, &mut || conv.forward(&x).unwrap());
+        flops(c, "conv3x3_candle", &format!("{ch}ch_{hw}"), n, &mut || conv.forward_candle(&x).unwrap());
+    }
+    let x = randn(&[1, 384, 37, 37]);
+    let conv = Conv2d::new(randn(&[384, 384, 1, 1]), Some(randn(&[384])), Conv2dConfig::default());
+    let n = (2 * 37 * 37 * 384 * 384) as u64;
+    flops(c, "conv1x1_edgerun", "384ch_37", n, &mut || conv.forward(&x).unwrap());
+    flops(c, "conv1x1_candle", "384ch_37", n, &mut || conv.forward_candle(&x).unwrap());
+    // Reassemble ×4: a stride-4 transposed conv on the 48-channel map.
+    let x = randn(&[1, 48, 37, 37]);
+    let tconv = ConvTranspose2d::new(randn(&[48, 48, 4, 4]), Some(randn(&[48])), ConvTranspose2dConfig { stride: 4, ..Default::default() });
+    flops(c, "conv_transpose", "48ch_37_x4", (2 * 148 * 148 * 48 * 48) as u64, &mut || tconv.forward(&x).unwrap());
+    // SegFormer-B0 stage 0 Mix-FFN: 128 channels at 128², channels-last, bias and GELU fused.
+    let x = randn(&[1, 128, 128, 128]);
+    let (w, b) = (randn(&[128, 1, 3, 3]), randn(&[128]));
+    let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
+    flops(c, "depthwise", "128ch_128_nhwc_gelu", (2 * 128 * 128 * 128 * 9) as u64, &mut || {
+        depthwise_conv2d_nhwc(&x, &w, Some(&b), DwActivation::GeluErf, cfg).unwrap()
+    });
+}
+
+/// Attention (6 heads × 1370 tokens × 64), LayerNorm, GELU, resizes.
+fn elementwise(c: &mut Criterion) {
+    let (q, k, v) = (randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]));
+    flops(c, "attention", "6x1370x64", 4 * 6 * 1370 * 1370 * 64, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
+    let x = randn(&[1, 1370, 384]);
+    let ln = LayerNorm::new(randn(&[384]), randn(&[384]), 1e-6);
+    flops(c, "layer_norm", "1370x384", 1370 * 384, &mut || ln.forward(&x).unwrap());
+    let h = randn(&[1370, 1536]);
+    flops(c, "gelu_erf", "1370x1536", 1370 * 1536, &mut || h.gelu_erf().unwrap());
+    let m = randn(&[1, 64, 148, 148]);
+    flops(c, "bilinear", "64ch_148_to_296", 64 * 296 * 296, &mut || edgerun::nn::interpolate::bilinear(&m, 296, 296, true).unwrap());
+    let img = image::RgbImage::from_fn(1024, 768, |x, y| image::Rgb([(x % 251) as u8, (y % 241) as u8, ((x + y) % 239) as u8]));
+    let mut g = c.benchmark_group("bicubic_preprocess");
+    g.sample_size(10).throughput(Throughput::Elements(518 * 518));
+    g.bench_function("1024x768_to_518", |b| b.iter(|| edgerun::imageio::resample::resize(&img, 518, 518, edgerun::imageio::resample::Filter::Bicubic)));
+    g.finish();
+}
+
+criterion_group!(benches, gemm, convs, elementwise);
+criterion_main!(benches);
