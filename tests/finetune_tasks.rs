@@ -79,6 +79,12 @@ fn example_learns(example: &str, command: &str, image: &str, suffix: &str) -> (t
 #[test]
 fn segmentation_example_learns_and_its_model_segments() {
     let (_t, out) = example_learns("finetune_segmentation.toml", "segment", "examples/finetune/segmentation/images/tile_00.png", ".seg.png");
+    let miou: Vec<f64> = std::fs::read_to_string(out.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["val_miou"].as_f64())
+        .collect();
+    assert!(miou.len() >= 4 && miou[miou.len() - 1] > 0.7 && miou[miou.len() - 1] > miou[0] + 0.3, "validation mIoU {miou:?}");
     let fixture = root().join("tests/fixtures/segformer_tiny");
     let best = out.join("best");
     // Integer buffers keep their dtype (transformers' `num_batches_tracked` is int64).

@@ -19,7 +19,7 @@ use super::grads::Grads;
 use super::rng::SplitMix;
 use super::schedule::{OneCycle, OneCycleConfig};
 use super::select::{select, TrainSpec};
-use super::task::{sample_spec, Features, Loss, TaskKind, TaskModel};
+use super::task::{sample_spec, ClassOverlap, Features, Loss, TaskKind, TaskModel};
 use crate::error::{Error, Result};
 use crate::weights::{Trainable, Vb, WeightStore};
 
@@ -179,8 +179,8 @@ impl Job {
         self.params.iter().map(|(n, v)| (n.clone(), v.as_tensor().clone())).collect()
     }
 
-    /// Mean validation loss (EMA weights swapped in when there is an EMA).
-    fn validate(&mut self, ema: Option<&Ema>) -> Result<Option<f64>> {
+    /// Mean validation loss and, for segmentation, the mean IoU (EMA weights swapped in when there is an EMA).
+    fn validate(&mut self, ema: Option<&Ema>) -> Result<Option<(f64, Option<f64>)>> {
         if self.data.val.is_empty() {
             return Ok(None);
         }
@@ -190,11 +190,16 @@ impl Job {
         }
         let n = self.data.val.len();
         let mut total = 0.0;
+        let mut overlap = ClassOverlap::default();
         let mut result = Ok(());
         for start in (0..n).step_by(self.cfg.batch) {
             let idx: Vec<(bool, usize)> = (start..(start + self.cfg.batch).min(n)).map(|i| (true, i)).collect();
             let r = self.inputs(&idx, &vec![None; idx.len()]).and_then(|(x, t)| {
-                let l = self.loss.apply(&self.predict(&x)?.detach(), &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                let pred = self.predict(&x)?.detach();
+                if let Some(ignore) = self.loss.ignore_index() {
+                    overlap.add(&pred, &t, ignore)?;
+                }
+                let l = self.loss.apply(&pred, &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                 Ok(l)
             });
             match r {
@@ -207,7 +212,7 @@ impl Job {
         }
         set_vars(&self.params, &live)?;
         result?;
-        Ok(Some(total / n as f64))
+        Ok(Some((total / n as f64, overlap.mean_iou())))
     }
 
     fn extra(&self) -> Vec<(&'static str, &[u8])> {
@@ -341,9 +346,15 @@ impl Job {
             let loss = loss_sum / k as f64;
             write_line(&mut log, &log_path, serde_json::json!({"step": step, "lr": lr, "loss": loss, "grad_norm": grad_norm}))?;
             if step % self.cfg.val_every == 0 || step == total {
-                if let Some(v) = self.validate(ema.as_ref())? {
-                    write_line(&mut log, &log_path, serde_json::json!({"step": step, "val_loss": v}))?;
-                    note(&format!("step {step}/{total}: loss {loss:.5}, val_loss {v:.5}"));
+                if let Some((v, miou)) = self.validate(ema.as_ref())? {
+                    let mut line = serde_json::json!({"step": step, "val_loss": v});
+                    let mut msg = format!("step {step}/{total}: loss {loss:.5}, val_loss {v:.5}");
+                    if let Some(m) = miou {
+                        line["val_miou"] = serde_json::json!(m);
+                        msg.push_str(&format!(", val_miou {m:.4}"));
+                    }
+                    write_line(&mut log, &log_path, line)?;
+                    note(&msg);
                     if best_val.is_none_or(|b| v < b) {
                         best_val = Some(v);
                         save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &self.extra(), &out.join("best"))?;

@@ -104,6 +104,14 @@ pub enum Loss {
 }
 
 impl Loss {
+    /// The ignore index of a segmentation loss.
+    pub fn ignore_index(self) -> Option<u32> {
+        match self {
+            Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => Some(ignore),
+            _ => None,
+        }
+    }
+
     /// The loss of `pred` against `target` `[B, H, W]`. A prediction of another size (a head whose
     /// output grid is not the input's, SegFormer's quarter-resolution logits) is first resized to the
     /// target bilinearly (`align_corners=False`), as transformers does before its loss.
@@ -121,6 +129,48 @@ impl Loss {
                 }
             }
         }
+    }
+}
+
+/// Per-class pixel counts of intersection and union between the argmax of `logits` `[B, L, h, w]`
+/// (resized to the target) and class ids `target` `[B, H, W]`; pixels at `ignore` are not counted.
+#[derive(Debug, Clone, Default)]
+pub struct ClassOverlap {
+    inter: Vec<u64>,
+    union: Vec<u64>,
+}
+
+impl ClassOverlap {
+    /// Adds a batch.
+    pub fn add(&mut self, logits: &Tensor, target: &Tensor, ignore: u32) -> Result<()> {
+        let (th, tw) = (target.dim(1)?, target.dim(2)?);
+        let classes = logits.dim(1)?;
+        let pred = to_size(logits, th, tw)?.argmax(1)?.flatten_all()?.to_vec1::<u32>()?;
+        let truth = target.flatten_all()?.to_vec1::<f32>()?;
+        if self.inter.len() < classes {
+            self.inter.resize(classes, 0);
+            self.union.resize(classes, 0);
+        }
+        for (&p, &t) in pred.iter().zip(&truth) {
+            let t = t as u32;
+            if t == ignore || t as usize >= classes {
+                continue;
+            }
+            if p == t {
+                self.inter[t as usize] += 1;
+                self.union[t as usize] += 1;
+            } else {
+                self.union[t as usize] += 1;
+                self.union[p as usize] += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mean intersection over union of the classes present in prediction or target (None: none).
+    pub fn mean_iou(&self) -> Option<f64> {
+        let ious: Vec<f64> = self.inter.iter().zip(&self.union).filter(|(_, &u)| u > 0).map(|(&i, &u)| i as f64 / u as f64).collect();
+        (!ious.is_empty()).then(|| ious.iter().sum::<f64>() / ious.len() as f64)
     }
 }
 
@@ -311,4 +361,29 @@ pub fn sample_spec(task: TaskKind, model_path: &Path, size: (usize, usize)) -> R
             SampleSpec { size, mean: pre.image_mean, std: pre.image_std, filter, target }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn mean_iou_counts_by_hand() {
+        // Predictions (argmax over 3 classes): [0, 1, 1, 2]; targets [0, 1, 0, 255 (ignored)].
+        let one_hot = |c: usize| (0..3).map(|k| if k == c { 1f32 } else { 0.0 }).collect::<Vec<_>>();
+        let mut v = Vec::new();
+        for k in 0..3 {
+            for c in [0, 1, 1, 2] {
+                v.push(one_hot(c)[k]);
+            }
+        }
+        let logits = Tensor::from_vec(v, (1, 3, 1, 4), &Device::Cpu).unwrap();
+        let target = Tensor::from_vec(vec![0f32, 1.0, 0.0, 255.0], (1, 1, 4), &Device::Cpu).unwrap();
+        let mut o = ClassOverlap::default();
+        o.add(&logits, &target, 255).unwrap();
+        // class 0: I 1, U 2 (pixels 0, 2); class 1: I 1, U 2 (pixels 1, 2); class 2 absent.
+        assert_eq!(o.mean_iou(), Some(0.5));
+        assert_eq!(ClassOverlap::default().mean_iou(), None);
+    }
 }
