@@ -86,10 +86,10 @@ fn im2col_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Res
     };
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
     let rows_per_stripe = (STRIPE_FLOATS / (k * ow).max(1)).clamp(1, oh);
-    let mut out = vec![0f32; b * o * oh * ow];
+    let mut items = Vec::with_capacity(b);
     for bi in 0..b {
         let img = &xs[bi * c * h * wd..][..c * h * wd];
-        let dst = &mut out[bi * o * oh * ow..][..o * oh * ow];
+        let mut stripes = Vec::with_capacity(oh.div_ceil(rows_per_stripe));
         for y0 in (0..oh).step_by(rows_per_stripe) {
             let rows = rows_per_stripe.min(oh - y0);
             let n = rows * ow;
@@ -118,13 +118,11 @@ fn im2col_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Res
                 }
             });
             let cols = Tensor::from_vec(cols, (k, n), x.device())?;
-            let y = w2.matmul(&cols)?.flatten_all()?.to_vec1::<f32>()?;
-            for (oc, row) in y.chunks_exact(n).enumerate() {
-                dst[oc * oh * ow + y0 * ow..][..n].copy_from_slice(row);
-            }
+            stripes.push(w2.matmul(&cols)?.reshape((o, rows, ow))?);
         }
+        items.push(Tensor::cat(&stripes, 1)?);
     }
-    Tensor::from_vec(out, (b, o, oh, ow), x.device())
+    Tensor::stack(&items, 0)
 }
 
 #[cfg(test)]

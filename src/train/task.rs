@@ -45,6 +45,15 @@ impl TaskKind {
         }
     }
 
+    /// The task's name in `finetune.toml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskKind::Depth => "depth",
+            TaskKind::Segmentation => "segmentation",
+            TaskKind::Chm => "chm",
+        }
+    }
+
     /// The `model_type` this task fine-tunes and how it is described in errors.
     fn architecture(self) -> (&'static str, &'static str) {
         match self {
@@ -248,7 +257,7 @@ impl TaskModel {
         let arch = crate::models::architecture(store).unwrap_or_default();
         let (want, what) = task.architecture();
         if arch != want {
-            return Err(Error::bad_file(model_path, format!("task `{}` fine-tunes {what}; this is `{arch}`", task_name(task))));
+            return Err(Error::bad_file(model_path, format!("task `{}` fine-tunes {what}; this is `{arch}`", task.name())));
         }
         let in_file = |e| crate::config_check::in_file(store.config_origin(), e);
         Ok(match task {
@@ -333,14 +342,6 @@ impl TaskModel {
             TaskModel::Chm(m) => Some(m.as_ref()),
             TaskModel::Segmentation(_) => None,
         }
-    }
-}
-
-fn task_name(t: TaskKind) -> &'static str {
-    match t {
-        TaskKind::Depth => "depth",
-        TaskKind::Segmentation => "segmentation",
-        TaskKind::Chm => "chm",
     }
 }
 
