@@ -5,7 +5,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use edgerun::nn::attention::sdpa;
+use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
 use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
 use edgerun::nn::linear::Linear;
@@ -66,15 +66,18 @@ fn convs(c: &mut Criterion) {
     });
 }
 
-/// Attention (6 heads × 1370 tokens × 64), LayerNorm, GELU, resizes.
+/// Attention (6 heads × 1370 tokens × 64: fused kernel and Candle ops), LayerNorm, GELU, resizes.
 fn elementwise(c: &mut Criterion) {
     let (q, k, v) = (randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]));
-    flops(c, "attention", "6x1370x64", 4 * 6 * 1370 * 1370 * 64, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
+    let n = 4 * 6 * 1370 * 1370 * 64;
+    flops(c, "attention_fused", "6x1370x64", n, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
+    flops(c, "attention_candle", "6x1370x64", n, &mut || sdpa_candle(&q, &k, &v, 0.125, None).unwrap());
     let x = randn(&[1, 1370, 384]);
     let ln = LayerNorm::new(randn(&[384]), randn(&[384]), 1e-6);
     flops(c, "layer_norm", "1370x384", 1370 * 384, &mut || ln.forward(&x).unwrap());
     let h = randn(&[1370, 1536]);
-    flops(c, "gelu_erf", "1370x1536", 1370 * 1536, &mut || h.gelu_erf().unwrap());
+    flops(c, "gelu_erf_edgerun", "1370x1536", 1370 * 1536, &mut || edgerun::nn::activation::gelu_erf(&h).unwrap());
+    flops(c, "gelu_erf_candle", "1370x1536", 1370 * 1536, &mut || h.gelu_erf().unwrap());
     let m = randn(&[1, 64, 148, 148]);
     flops(c, "bilinear", "64ch_148_to_296", 64 * 296 * 296, &mut || edgerun::nn::interpolate::bilinear(&m, 296, 296, true).unwrap());
     let img = image::RgbImage::from_fn(1024, 768, |x, y| image::Rgb([(x % 251) as u8, (y % 241) as u8, ((x + y) % 239) as u8]));

@@ -32,10 +32,28 @@ impl Activation {
 impl Module for Activation {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Activation::Gelu => x.gelu_erf(),
+            Activation::Gelu => gelu_erf(x),
             Activation::GeluTanh => x.gelu(),
             Activation::Silu => x.silu(),
             Activation::Relu => x.relu(),
         }
     }
+}
+
+/// Exact (erf) GELU: the parallel vectorised kernel for f32 CPU inference, Candle's op otherwise
+/// (other devices and dtypes, and while autograd records, for its backward).
+pub fn gelu_erf(x: &Tensor) -> candle_core::Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || x.track_op() {
+        return x.gelu_erf();
+    }
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let src = match &*storage {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) => &data[layout.start_offset()..][..x.elem_count()],
+        _ => return x.gelu_erf(),
+    };
+    let mut out = vec![0f32; src.len()];
+    super::fast_math::gelu_erf_map(src, &mut out);
+    drop(storage);
+    Tensor::from_vec(out, x.shape(), x.device())
 }

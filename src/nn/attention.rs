@@ -1,14 +1,26 @@
-//! Scaled dot-product attention that bounds the size of the score matrix it materialises.
+//! Scaled dot-product attention: the fused CPU kernel for f32 inference, otherwise Candle ops that
+//! bound the size of the score matrix they materialise.
 use candle_core::Tensor;
 
+use super::fused_attention;
 use crate::error::Result;
 
 /// Largest score block (elements) materialised at once; longer query sets are processed in chunks.
 const MAX_SCORE_ELEMS: usize = 64 << 20;
 
 /// `softmax(q kᵀ · scale) v` for `q` `[B, H, Nq, D]`, `k`/`v` `[B, H, Nk, D]`, optional additive
-/// `bias` broadcastable to `[B, H, Nq, Nk]`.
+/// `bias` broadcastable to `[B, H, Nq, Nk]`; any strides. Returns a contiguous `[B, H, Nq, D]`.
 pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor>) -> Result<Tensor> {
+    if bias.is_none() && fused_attention::applies(q, k, v) {
+        return fused_attention::attention(q, k, v, scale as f32);
+    }
+    sdpa_candle(q, k, v, scale, bias)
+}
+
+/// [`sdpa`] from Candle ops, query chunks bounding the score block (autograd records through it;
+/// the reference that the fused kernel is measured against).
+pub fn sdpa_candle(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (k, v) = (&k.contiguous()?, &v.contiguous()?);
     let (b, h, nq, _) = q.dims4()?;
     let nk = k.dim(2)?;
     let q = (q * scale)?;
@@ -44,10 +56,10 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor
     Ok(Tensor::cat(&outs, 2)?)
 }
 
-/// Splits `[B, N, heads·D]` into `[B, heads, N, D]` (contiguous).
+/// Splits `[B, N, heads·D]` into a `[B, heads, N, D]` view (no copy).
 pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, n, c) = x.dims3()?;
-    Ok(x.reshape((b, n, heads, c / heads))?.transpose(1, 2)?.contiguous()?)
+    Ok(x.reshape((b, n, heads, c / heads))?.transpose(1, 2)?)
 }
 
 /// Merges `[B, heads, N, D]` back into `[B, N, heads·D]`.

@@ -6,8 +6,8 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Conv2dConfig;
 use rayon::prelude::*;
 
-/// Floats of one stripe's columns (8 MiB): big enough for an efficient GEMM, small enough for L3.
-const STRIPE_FLOATS: usize = 2 << 20;
+/// Floats of one stripe's input and output (512 KiB): they stay in L2 across the kernel taps.
+const STRIPE_WORKING_SET: usize = 128 << 10;
 
 /// A conv layer: weight `[O, C/groups, kh, kw]`, optional bias `[O]`.
 #[derive(Debug, Clone)]
@@ -59,70 +59,89 @@ impl Module for Conv2d {
         if recording {
             super::grad::conv2d(self, x)
         } else if self.fast_path_applies(x) {
-            im2col_conv(x, self.weight(), self.bias(), self.config().padding)
+            shifted_gemm_conv(x, self.weight(), self.bias(), self.config().padding)
         } else {
             self.inner.forward(x)
         }
     }
 }
 
-/// Stride-1 conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]` and zero padding `pad`, by stripes of
-/// output rows: columns `[C·kh·kw (+1), rows·OW]` built in parallel, one GEMM per stripe (the bias
-/// rides along as a weight column against a row of ones, saving a pass over the output).
-fn im2col_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Tensor> {
+/// Stride-1 conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]` and zero padding `pad`, as a sum
+/// of one GEMM per kernel tap over shifted views of the padded input (no image-to-columns buffer).
+/// With the padded image flattened to rows of width `Wp`, output position `q = y·Wp + x` reads
+/// input `q + ky·Wp + kx` for tap `(ky, kx)`: each tap is `W[:, :, ky, kx] · X[:, q + offset]`. The
+/// output is computed on the padded width (the last `kw − 1` columns of each row are discarded)
+/// in stripes of positions whose input and output stay in cache across the taps.
+fn shifted_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Tensor> {
     let (b, c, h, wd) = x.dims4()?;
     let (o, wc, kh, kw) = w.dims4()?;
     if wc != c {
         candle_core::bail!("conv2d: input has {c} channels, the weight expects {wc}");
     }
-    let (oh, ow) = ((h + 2 * pad).checked_sub(kh).map(|v| v + 1), (wd + 2 * pad).checked_sub(kw).map(|v| v + 1));
-    let (Some(oh), Some(ow)) = (oh, ow) else {
+    let (hp, wp) = (h + 2 * pad, wd + 2 * pad);
+    let (Some(oh), Some(ow)) = (hp.checked_sub(kh).map(|v| v + 1), wp.checked_sub(kw).map(|v| v + 1)) else {
         candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{wd} input padded by {pad}");
     };
-    let taps = c * kh * kw;
-    let (w2, k) = match bias {
-        Some(b) => (Tensor::cat(&[&w.reshape((o, taps))?, &b.reshape((o, 1))?], 1)?, taps + 1),
-        None => (w.reshape((o, taps))?.contiguous()?, taps),
-    };
+    let plane = hp * wp + kw - 1; // slack: the last row's discarded columns read past the image
+    let wide = oh * wp; // output positions on the padded width
+    let stripe = (STRIPE_WORKING_SET / (c + o).max(1)).max(256).next_multiple_of(16).min(wide.max(1));
+    let stripes = wide.div_ceil(stripe);
+    let threads = rayon::current_num_threads();
+    let ws = w.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let bs = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
     let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let rows_per_stripe = (STRIPE_FLOATS / (k * ow).max(1)).clamp(1, oh);
-    let mut items = Vec::with_capacity(b);
-    for bi in 0..b {
-        let img = &xs[bi * c * h * wd..][..c * h * wd];
-        let mut stripes = Vec::with_capacity(oh.div_ceil(rows_per_stripe));
-        for y0 in (0..oh).step_by(rows_per_stripe) {
-            let rows = rows_per_stripe.min(oh - y0);
-            let n = rows * ow;
-            let mut cols = vec![0f32; k * n];
-            cols.par_chunks_mut(n).enumerate().for_each(|(r, col)| {
-                if r == taps {
-                    col.fill(1.0); // the bias row
-                    return;
-                }
-                let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
-                let plane = &img[ci * h * wd..][..h * wd];
-                for dy in 0..rows {
-                    let iy = (y0 + dy + ky) as isize - pad as isize;
-                    let line = &mut col[dy * ow..][..ow];
-                    if iy < 0 || iy >= h as isize {
-                        continue; // stays zero
+    let mut out = vec![0f32; b * o * oh * ow];
+    let mut padded = vec![0f32; c * plane];
+    let mut buf = vec![0f32; stripes * o * stripe];
+    for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
+        padded.par_chunks_mut(plane).zip(img.par_chunks(h * wd)).for_each(|(p, src)| {
+            for (y, row) in src.chunks_exact(wd).enumerate() {
+                p[(y + pad) * wp + pad..][..wd].copy_from_slice(row);
+            }
+        });
+        let run = |si: usize, st: &mut [f32], par: gemm::Parallelism| {
+            let s0 = si * stripe;
+            let n = stripe.min(wide - s0);
+            for (oi, row) in st.chunks_exact_mut(stripe).enumerate() {
+                row[..n].fill(bs.as_ref().map_or(0.0, |b| b[oi]));
+            }
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    // SAFETY: dst is `o × n` with row stride `stripe` inside `st`; lhs addresses
+                    // w[:, :, ky, kx] inside `ws`; rhs reads positions s0 + ky·wp + kx .. + n of
+                    // each of the c padded planes, which ends within `plane` (see its slack).
+                    unsafe {
+                        gemm::gemm(
+                            o, n, c,
+                            st.as_mut_ptr(), 1, stripe as isize, true,
+                            ws[ky * kw + kx..].as_ptr(), (kh * kw) as isize, (c * kh * kw) as isize,
+                            padded[s0 + ky * wp + kx..].as_ptr(), 1, plane as isize,
+                            1.0, 1.0, false, false, false, par,
+                        );
                     }
-                    let src = &plane[iy as usize * wd..][..wd];
-                    // Output x reads input x + kx − pad; columns outside the input stay zero.
-                    let lo = pad.saturating_sub(kx).min(ow);
-                    let hi = (wd + pad).saturating_sub(kx).min(ow);
-                    if lo < hi {
-                        let s0 = lo + kx - pad;
-                        line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
-                    }
                 }
-            });
-            let cols = Tensor::from_vec(cols, (k, n), x.device())?;
-            stripes.push(w2.matmul(&cols)?.reshape((o, rows, ow))?);
+            }
+        };
+        if stripes >= 2 * threads {
+            buf.par_chunks_mut(o * stripe).enumerate().for_each(|(si, st)| run(si, st, gemm::Parallelism::None));
+        } else {
+            let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+            buf.chunks_mut(o * stripe).enumerate().for_each(|(si, st)| run(si, st, par));
         }
-        items.push(Tensor::cat(&stripes, 1)?);
+        // Keep the first `ow` columns of every padded-width row.
+        dst.par_chunks_mut(oh * ow).enumerate().for_each(|(oi, plane_out)| {
+            for (y, line) in plane_out.chunks_exact_mut(ow).enumerate() {
+                let (mut q, mut at) = (y * wp, 0);
+                while at < ow {
+                    let (si, off) = (q / stripe, q % stripe);
+                    let take = (ow - at).min(stripe - off);
+                    line[at..at + take].copy_from_slice(&buf[(si * o + oi) * stripe + off..][..take]);
+                    (q, at) = (q + take, at + take);
+                }
+            }
+        });
     }
-    Tensor::stack(&items, 0)
+    Tensor::from_vec(out, (b, o, oh, ow), x.device())
 }
 
 #[cfg(test)]

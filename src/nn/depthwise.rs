@@ -214,6 +214,10 @@ trait Elem: Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::o
     fn from_f64(v: f64) -> Self;
     /// Exact (erf) GELU, the same formula and `erf` as Candle's `gelu_erf`.
     fn gelu_erf(self) -> Self;
+    /// [`Elem::gelu_erf`] over a row in place (f32: the vectorised kernel of `nn::fast_math`).
+    fn gelu_erf_row(row: &mut [Self]) {
+        row.iter_mut().for_each(|v| *v = v.gelu_erf());
+    }
 }
 impl Elem for f32 {
     fn to_f64(self) -> f64 {
@@ -224,6 +228,9 @@ impl Elem for f32 {
     }
     fn gelu_erf(self) -> Self {
         (candle_core::cpu::erf::erf_f32(self * std::f32::consts::FRAC_1_SQRT_2) + 1.) * 0.5 * self
+    }
+    fn gelu_erf_row(row: &mut [Self]) {
+        super::fast_math::gelu_erf_in_place(row)
     }
 }
 impl Elem for f64 {
@@ -608,9 +615,7 @@ fn nhwc_fwd<T: Elem>(g: &Geom, x: &[T], w: &[T], bias: &[T], act: DwActivation) 
             }
         }
         if act == DwActivation::GeluErf {
-            for v in orow.iter_mut() {
-                *v = v.gelu_erf();
-            }
+            T::gelu_erf_row(orow);
         }
     });
     out

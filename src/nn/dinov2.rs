@@ -355,11 +355,11 @@ impl SelfAttention {
         };
         let (q, k, v) = (split_heads(&q, self.heads)?, split_heads(&k, self.heads)?, split_heads(&v, self.heads)?);
         let (q, k) = match &self.qk_norm {
-            Some((qn, kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            Some((qn, kn)) => (qn.forward(&q.contiguous()?)?, kn.forward(&k.contiguous()?)?),
             None => (q, k),
         };
         let (q, k) = match rotate {
-            Some(r) => (r(&q)?, r(&k)?),
+            Some(r) => (r(&q.contiguous()?)?, r(&k.contiguous()?)?),
             None => (q, k),
         };
         let scale = 1.0 / ((self.dim / self.heads) as f64).sqrt();

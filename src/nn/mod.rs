@@ -5,6 +5,8 @@ pub mod conv;
 pub mod dinov2;
 pub mod dinov3;
 pub mod dpt;
+pub mod fast_math;
+pub mod fused_attention;
 pub mod grad;
 pub mod depthwise;
 pub mod interpolate;

@@ -1,0 +1,159 @@
+//! Branch-free f32 `exp` and exact-GELU kernels that the compiler vectorises (AVX2 + FMA chosen at
+//! run time on x86-64), for the CPU inference paths: the fused attention's softmax and GELU.
+//! Candle's `gelu_erf` calls libm's scalar `erf` per element on one thread (6.2 ms for one ViT-S
+//! MLP at 1370 tokens); these run in parallel chunks at a fraction of that.
+use rayon::prelude::*;
+
+/// Elements per parallel chunk of an elementwise pass.
+const CHUNK: usize = 1 << 14;
+
+/// `eˣ` for `x ≤ 0` (Cephes' polynomial, relative error ~1e-7; results below 2⁻¹²⁶ flush to 0).
+#[inline(always)]
+pub fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding and subtracting it rounds to an integer
+    let x = if x < -87.0 { -87.0 } else { x };
+    let rounded = x * LOG2E + ROUND;
+    // The integer n sits in the low mantissa bits of `rounded`: read it with integer ops (a float
+    // to int cast saturates in Rust and keeps the loop from vectorising).
+    let n_int = (rounded.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let n = rounded - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5.000_000_1e-1;
+    let e = p * r * r + r + 1.0;
+    let pow2 = f32::from_bits(((n_int + 127) as u32) << 23);
+    e * pow2
+}
+
+/// `erf(x)` by Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7), the formula PyTorch's own
+/// vectorised CPU `erf` uses.
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    const P: f32 = 0.327_591_1;
+    const A1: f32 = 0.254_829_6;
+    const A2: f32 = -0.284_496_74;
+    const A3: f32 = 1.421_413_8;
+    const A4: f32 = -1.453_152_1;
+    const A5: f32 = 1.061_405_4;
+    let a = x.abs();
+    let t = 1.0 / (1.0 + P * a);
+    let poly = ((((A5 * t + A4) * t + A3) * t + A2) * t + A1) * t;
+    let y = 1.0 - poly * exp_nonpositive(-a * a);
+    if x < 0.0 { -y } else { y }
+}
+
+/// Exact GELU `x · Φ(x) = x · (1 + erf(x/√2)) / 2`.
+#[inline(always)]
+pub fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).
+pub fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
+    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
+        vectorised(|| d.iter_mut().zip(s).for_each(|(d, &x)| *d = gelu_erf(x)))
+    });
+}
+
+/// Applies [`gelu_erf`] to every element of `data`, on this thread.
+pub fn gelu_erf_in_place(data: &mut [f32]) {
+    vectorised(|| data.iter_mut().for_each(|x| *x = gelu_erf(*x)))
+}
+
+/// Replaces `row` by `exp((row − max) · scale)` and returns the sum (the softmax's numerator).
+pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
+    vectorised(|| {
+        let shift = row_max(row) * scale;
+        let mut acc = [0f32; 8];
+        let mut chunks = row.chunks_exact_mut(8);
+        for c in &mut chunks {
+            for (x, a) in c.iter_mut().zip(acc.iter_mut()) {
+                *x = exp_nonpositive(*x * scale - shift);
+                *a += *x;
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for x in chunks.into_remainder() {
+            *x = exp_nonpositive(*x * scale - shift);
+            sum += *x;
+        }
+        sum
+    })
+}
+
+/// Runs `f` compiled for AVX2 + FMA when the CPU has them (`f` is inlined into the wrapper that
+/// carries the target features), as it is otherwise.
+#[inline(always)]
+fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: the features were just detected.
+        return unsafe { avx2(f) };
+    }
+    f()
+}
+
+#[inline(always)]
+fn row_max(row: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 8];
+    let mut chunks = row.chunks_exact(8);
+    for c in &mut chunks {
+        for (x, a) in c.iter().zip(acc.iter_mut()) {
+            *a = if *x > *a { *x } else { *a };
+        }
+    }
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |a, &x| if x > a { x } else { a });
+    acc.iter().fold(tail, |a, &x| if x > a { x } else { a })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_std_over_the_softmax_range() {
+        let mut worst = 0f32;
+        for i in 0..100_000 {
+            let x = -87.0 * i as f32 / 100_000.0;
+            worst = worst.max(((exp_nonpositive(x) - x.exp()) / x.exp()).abs());
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+    }
+
+    #[test]
+    fn gelu_matches_the_libm_erf_formula() {
+        let src: Vec<f32> = (0..200_001).map(|i| (i as f32 - 100_000.0) * 1e-4).collect();
+        let want: Vec<f64> = src.iter().map(|&x| 0.5 * x as f64 * (1.0 + candle_core::cpu::erf::erf_f64(x as f64 / std::f64::consts::SQRT_2))).collect();
+        let mut data = vec![0f32; src.len()];
+        gelu_erf_map(&src, &mut data);
+        let worst = data.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs() / w.abs().max(1.0)).fold(0.0, f64::max);
+        assert!(worst < 1e-6, "worst error {worst}");
+        let mut big = [-30.0f32, 30.0, 0.0];
+        gelu_erf_in_place(&mut big);
+        assert_eq!(big, [0.0, 30.0, 0.0]);
+    }
+
+    #[test]
+    fn softmax_numerator_is_exp_of_the_shifted_row() {
+        let mut row: Vec<f32> = (0..37).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
+        let orig = row.clone();
+        let sum = softmax_numerator(&mut row, 0.5);
+        let max = orig.iter().cloned().fold(f32::MIN, f32::max);
+        for (r, o) in row.iter().zip(&orig) {
+            assert!((r - ((o - max) * 0.5).exp()).abs() < 1e-6);
+        }
+        assert!((sum - row.iter().sum::<f32>()).abs() < 1e-5);
+    }
+}
