@@ -331,6 +331,10 @@ impl Attention {
         let k = self.heads(&self.key.forward(&kv)?)?;
         let v = self.heads(&self.value.forward(&kv)?)?;
         let scale = (self.head_dim as f64).powf(-0.5);
+        if crate::nn::fused_attention::applies(&q, &k, &v) {
+            let o = crate::nn::fused_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
+            return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
+        }
         let scores = (q.matmul(&k.t()?)? * scale)?;
         // Softmax in f32, as the reference (`softmax(..., dtype=torch.float32)`).
         let dt = scores.dtype();

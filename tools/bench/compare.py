@@ -1,0 +1,293 @@
+"""One side-by-side run: PyTorch eager, ONNX Runtime and `edgerun forward` on the same random full-size
+weights and input, for every model family, writing benches/RESULTS.md.
+
+Usage (from the repo root, after `cargo build --release`; a quiet machine — nothing else running):
+    /work/venv/bin/python tools/bench/compare.py                       # every row, every variant
+    /work/venv/bin/python tools/bench/compare.py --rows da2s segformer --variants f32 q8_0 --rounds 3
+
+Each row builds its model with random O(1) weights (tools/fixtures/common.reinit), saves it in the hub
+layout under --workdir, exports ONNX (where the exporter can), and then runs the three engines in turn,
+--rounds times, each round timing --repeat forward passes per engine after a warm-up (edgerun through
+`edgerun forward --repeat`, one process per round, load excluded). Reported per row and variant: the
+median forward time, edgerun/ORT and edgerun/PyTorch, achieved GFLOP/s (FLOPs counted by PyTorch's
+FlopCounterMode on the reference forward), edgerun's peak RSS, and the max abs error of edgerun's output
+against PyTorch f32 relative to max(1, max|ref|) — so that a fast wrong answer shows. Variants: f32,
+f16 (`--dtype f16`), q8_0 and q4k (GGUF files made by `edgerun quantize`). L-GATr is also timed under
+`torch.compile`.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import median, threads, time_onnx  # noqa: E402
+
+
+def fixtures_common():
+    """tools/fixtures/common.py, loaded by path (tools/bench/common.py shadows the module name)."""
+    spec = importlib.util.spec_from_file_location("fixtures_common", os.path.join(HERE, "..", "fixtures", "common.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Case:
+    """One row: a reference callable, its inputs, the output names compared, and the saved model dir."""
+
+    def __init__(self, name, label, forward, inputs, outputs, model_dir, onnx_module=None):
+        self.name, self.label, self.forward, self.inputs = name, label, forward, inputs
+        self.outputs, self.model_dir, self.onnx_module = outputs, model_dir, onnx_module
+
+
+def build_da2s(workdir):
+    from depth_anything import da2_small_config
+    from transformers import DepthAnythingForDepthEstimation
+
+    model = DepthAnythingForDepthEstimation(da2_small_config()).eval()
+    fixtures_common().reinit(model, 0)
+    model.save_pretrained(workdir)
+    x = torch.randn(1, 3, 518, 518, generator=torch.Generator().manual_seed(1))
+    fwd = lambda **kw: {"predicted_depth": model(**kw).predicted_depth}  # noqa: E731
+    return Case("da2s", "DA-V2-Small @ 518²", fwd, {"pixel_values": x}, ["predicted_depth"], workdir, model)
+
+
+def build_segformer(workdir):
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    cfg = SegformerConfig(num_labels=150, hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], decoder_hidden_size=256)
+    model = SegformerForSemanticSegmentation(cfg).eval()
+    fixtures_common().reinit(model, 0)
+    model.save_pretrained(workdir)
+    x = torch.randn(1, 3, 512, 512, generator=torch.Generator().manual_seed(1))
+    fwd = lambda **kw: {"logits": model(**kw).logits}  # noqa: E731
+    return Case("segformer", "SegFormer-B0 @ 512²", fwd, {"pixel_values": x}, ["logits"], workdir, model)
+
+
+def build_chmv2(workdir):
+    from transformers import CHMv2Config, CHMv2ForDepthEstimation
+
+    model = CHMv2ForDepthEstimation(CHMv2Config()).eval()
+    fixtures_common().reinit(model, 0)
+    model.save_pretrained(workdir)
+    x = torch.randn(1, 3, 416, 416, generator=torch.Generator().manual_seed(1))
+    fwd = lambda **kw: {"predicted_depth": model(**kw).predicted_depth}  # noqa: E731
+    return Case("chmv2", "CHMv2 (ViT-L/16) @ 416²", fwd, {"pixel_values": x}, ["predicted_depth"], workdir, model)
+
+
+def build_da3s(workdir):
+    from da3 import build
+
+    net = build(0)
+    save_file({f"model.{k}": v.contiguous().clone() for k, v in net.state_dict().items()}, os.path.join(workdir, "model.safetensors"))
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump({"model_name": "da3-small"}, f)
+    x = torch.randn(1, 1, 3, 504, 504, generator=torch.Generator().manual_seed(1))
+
+    def fwd(pixel_values):
+        feats, _ = net.backbone(pixel_values, cam_token=None, export_feat_layers=[])
+        out = net._process_depth_head(feats, 504, 504)
+        return {"depth": out["depth"], "depth_conf": out["depth_conf"]}
+
+    return Case("da3s", "DA3-Small depth path @ 504²", fwd, {"pixel_values": x}, ["depth", "depth_conf"], workdir)
+
+
+def build_lgatr(workdir):
+    from lgatr import LGATr
+
+    sys.path.insert(0, HERE)
+    spec = importlib.util.spec_from_file_location("lgatr_bench", os.path.join(HERE, "lgatr.py"))
+    lb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lb)
+    torch.manual_seed(0)
+    model = LGATr(**lb.CONFIG).eval()
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+        json.dump({"model_type": "lgatr", **lb.CONFIG}, f, indent=2)
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, os.path.join(workdir, "model.safetensors"))
+    mv, s = lb.make_input(32, 200)
+
+    def fwd(multivectors, scalars):
+        out_mv, out_s = model(multivectors, scalars)
+        return {"outputs_mv": out_mv, "outputs_s": out_s}
+
+    case = Case("lgatr", "L-GATr top-tagging, 32 × 200", fwd, {"multivectors": mv, "scalars": s}, ["outputs_mv", "outputs_s"], workdir)
+    case.compiled = torch.compile(model)
+    return case
+
+
+BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr}
+
+
+def time_callable(fn, inputs, repeat):
+    with torch.no_grad():
+        fn(**inputs)
+        out = []
+        for _ in range(repeat):
+            t = time.perf_counter()
+            fn(**inputs)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def count_flops(case):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        case.forward(**case.inputs)
+    return fc.get_total_flops()
+
+
+def edgerun_model(binary, case, variant):
+    """(model path, compute dtype) of a variant; GGUF copies are made once by `edgerun quantize`."""
+    if variant in ("f32", "f16"):
+        return case.model_dir, variant
+    path = os.path.join(case.model_dir, f"model-{variant}.gguf")
+    if not os.path.exists(path):
+        subprocess.run([binary, "quantize", "--type", variant, "--quiet", case.model_dir, path], check=True)
+    return path, "f32"
+
+
+def run_edgerun(binary, case, variant, input_path, repeat):
+    """(forward ms list, peak RSS MiB, outputs) of one `edgerun forward --repeat` process."""
+    model, dtype = edgerun_model(binary, case, variant)
+    out = input_path + f".{variant}.out.safetensors"
+    cmd = ["/usr/bin/time", "-f", "%M", binary, "forward", "--model", model, "--input", input_path, "--output", out,
+           "--device", "cpu", "--dtype", dtype, "--repeat", str(repeat)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip()[-400:]}")
+    lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
+    timing = json.loads(next(line for line in lines if line.startswith("{")))
+    return timing["forward_ms"], int(lines[-1]) / 1024, load_file(out)
+
+
+def rel_error(got, ref, names):
+    worst = 0.0
+    for n in names:
+        r = ref[n].float()
+        err = float((got[n].float().reshape(r.shape) - r).abs().nan_to_num(float("inf")).max())
+        worst = max(worst, err / max(1.0, float(r.abs().max())))
+    return worst
+
+
+def machine():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import onnxruntime
+
+    return (f"{cpu}, {os.cpu_count()} logical cores, {threads()} threads for every engine; {platform.platform()}; "
+            f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
+    ap.add_argument("--variants", nargs="+", default=["f32", "f16", "q8_0", "q4k"])
+    ap.add_argument("--rounds", type=int, default=3, help="alternations of the engines")
+    ap.add_argument("--repeat", type=int, default=3, help="forward passes per engine per round")
+    ap.add_argument("--workdir", default="/tmp/edgerun-bench/compare")
+    ap.add_argument("--binary", default="target/release/edgerun")
+    ap.add_argument("--results", default="benches/RESULTS.md")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    lines = []
+    for name in a.rows:
+        workdir = os.path.join(a.workdir, name)
+        os.makedirs(workdir, exist_ok=True)
+        case = BUILDERS[name](workdir)
+        torch.set_num_threads(threads())  # after the build: the fixture helpers pin one thread
+        inp = os.path.join(workdir, "input.safetensors")
+        save_file(case.inputs, inp)
+        with torch.no_grad():
+            ref = case.forward(**case.inputs)
+        flops = count_flops(case)
+        onnx_path = os.path.join(workdir, "model.onnx")
+        have_onnx = case.onnx_module is not None and time_onnx(case.onnx_module, case.inputs, onnx_path, case.outputs, 1) is not None
+        times = {"torch": [], "ort": [], "compiled": []}
+        ours = {v: [] for v in a.variants}
+        rss, err = {}, {}
+        for _ in range(a.rounds):
+            times["torch"] += time_callable(case.forward, case.inputs, a.repeat)
+            if have_onnx:
+                times["ort"] += time_onnx_session(onnx_path, case.inputs, a.repeat)
+            if hasattr(case, "compiled"):
+                times["compiled"] += time_callable(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
+            for v in a.variants:
+                try:
+                    ms, r, out = run_edgerun(a.binary, case, v, inp, a.repeat)
+                except RuntimeError as e:
+                    print(f"{name} {v}: {e}")
+                    continue
+                ours[v] += ms
+                rss[v] = max(rss.get(v, 0), r)
+                err[v] = rel_error(out, ref, case.outputs)
+        t_torch, t_ort, t_comp = median(times["torch"]), median(times["ort"]), median(times["compiled"])
+        ref_s = f"PyTorch {t_torch:.0f} ms" + (f", ORT {t_ort:.0f} ms" if times["ort"] else ", ORT n/a") + (
+            f", torch.compile {t_comp:.0f} ms" if times["compiled"] else "")
+        print(f"== {case.label}: {flops / 1e9:.1f} GFLOP; {ref_s}", flush=True)
+        for v in a.variants:
+            if not ours[v]:
+                continue
+            t = median(ours[v])
+            vs_ort = f"{t / t_ort:.2f}" if times["ort"] else "—"
+            vs_comp = f" | {t / t_comp:.2f}" if times["compiled"] else ""
+            row = (f"| {case.label} | {v} | {t_torch:.0f} | {t_ort:.0f} | {t:.0f} | {vs_ort} | {t / t_torch:.2f}{vs_comp} | "
+                   f"{flops / t / 1e6:.0f} | {rss[v]:.0f} | {err[v]:.1e} |") if times["ort"] else (
+                   f"| {case.label} | {v} | {t_torch:.0f} | — | {t:.0f} | — | {t / t_torch:.2f}{vs_comp} | "
+                   f"{flops / t / 1e6:.0f} | {rss[v]:.0f} | {err[v]:.1e} |")
+            print(row, flush=True)
+            lines.append(row)
+        if times["compiled"]:
+            lines.append(f"| {case.label} | torch.compile | {t_comp:.0f} ms | | | | | | | |")
+    write_results(a, lines)
+
+
+def time_onnx_session(path, inputs, repeat):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads()
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    feed = {n: t.numpy() for n, t in inputs.items()}
+    sess.run(None, feed)
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        sess.run(None, feed)
+        out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def write_results(a, lines):
+    head = [
+        "# Side-by-side CPU results",
+        "",
+        f"Written by `tools/bench/compare.py` on {datetime.date.today()} ({' '.join(sys.argv[1:]) or 'defaults'}).",
+        f"Machine: {machine()}.",
+        f"Medians over {a.rounds} rounds × {a.repeat} forward passes per engine, engines alternating; load excluded.",
+        "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch|) over the outputs.",
+        "",
+        "| model @ input | edgerun | PyTorch ms | ORT ms | edgerun ms | edgerun / ORT | edgerun / PyTorch (\\| / compiled) | GFLOP/s | peak RSS MiB | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    with open(a.results, "w") as f:
+        f.write("\n".join(head + lines) + "\n")
+    print(f"wrote {a.results}")
+
+
+if __name__ == "__main__":
+    main()
