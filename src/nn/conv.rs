@@ -1,12 +1,12 @@
 //! 2-D convolution with a faster CPU path: stride-1 convs in f32 run as an image-to-columns GEMM in
-//! row stripes (each stripe's columns stay in cache; the GEMM's output rows are the NCHW output rows),
-//! about twice Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
+//! row stripes small enough that each stripe's columns stay in cache (the GEMM writes the stripe's
+//! NCHW output rows in place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
 //! differentiable path of [`crate::nn::grad`], other devices and dtypes Candle's conv.
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Conv2dConfig;
 use rayon::prelude::*;
 
-/// Floats of one stripe's input and output (512 KiB): they stay in L2 across the kernel taps.
+/// Floats of one stripe's columns and output (512 KiB, in L2; 2 MiB and 192 KiB were slower).
 const STRIPE_WORKING_SET: usize = 128 << 10;
 
 /// A conv layer: weight `[O, C/groups, kh, kw]`, optional bias `[O]`.
@@ -59,89 +59,114 @@ impl Module for Conv2d {
         if recording {
             super::grad::conv2d(self, x)
         } else if self.fast_path_applies(x) {
-            shifted_gemm_conv(x, self.weight(), self.bias(), self.config().padding)
+            stripe_gemm_conv(x, self.weight(), self.bias(), self.config().padding)
         } else {
             self.inner.forward(x)
         }
     }
 }
 
-/// Stride-1 conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]` and zero padding `pad`, as a sum
-/// of one GEMM per kernel tap over shifted views of the padded input (no image-to-columns buffer).
-/// With the padded image flattened to rows of width `Wp`, output position `q = y·Wp + x` reads
-/// input `q + ky·Wp + kx` for tap `(ky, kx)`: each tap is `W[:, :, ky, kx] · X[:, q + offset]`. The
-/// output is computed on the padded width (the last `kw − 1` columns of each row are discarded)
-/// in stripes of positions whose input and output stay in cache across the taps.
-fn shifted_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Tensor> {
+/// Stride-1 conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]` and zero padding `pad`, by
+/// stripes of output rows sized to stay in cache: each parallel task builds its stripe's columns
+/// `[C·kh·kw + 1, rows·OW]` (image-to-columns, zero padding by bounds, a row of ones for the bias)
+/// in a per-thread buffer and multiplies the weight by them straight into its rows of the output.
+fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Tensor> {
     let (b, c, h, wd) = x.dims4()?;
     let (o, wc, kh, kw) = w.dims4()?;
     if wc != c {
         candle_core::bail!("conv2d: input has {c} channels, the weight expects {wc}");
     }
-    let (hp, wp) = (h + 2 * pad, wd + 2 * pad);
-    let (Some(oh), Some(ow)) = (hp.checked_sub(kh).map(|v| v + 1), wp.checked_sub(kw).map(|v| v + 1)) else {
+    let (Some(oh), Some(ow)) = ((h + 2 * pad).checked_sub(kh).map(|v| v + 1), (wd + 2 * pad).checked_sub(kw).map(|v| v + 1)) else {
         candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{wd} input padded by {pad}");
     };
-    let plane = hp * wp + kw - 1; // slack: the last row's discarded columns read past the image
-    let wide = oh * wp; // output positions on the padded width
-    let stripe = (STRIPE_WORKING_SET / (c + o).max(1)).max(256).next_multiple_of(16).min(wide.max(1));
-    let stripes = wide.div_ceil(stripe);
+    let taps = c * kh * kw;
+    let k = taps + 1;
+    let weight = match bias {
+        Some(bias) => Tensor::cat(&[&w.reshape((o, taps))?, &bias.reshape((o, 1))?], 1)?,
+        None => Tensor::cat(&[&w.reshape((o, taps))?, &Tensor::zeros((o, 1), DType::F32, w.device())?], 1)?,
+    };
+    let weight = weight.flatten_all()?.to_vec1::<f32>()?;
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let xs = match &*storage {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) => &data[layout.start_offset()..][..b * c * h * wd],
+        _ => candle_core::bail!("conv2d: the fast path needs an f32 CPU input"),
+    };
+    let rows = (STRIPE_WORKING_SET / ((k + o) * ow).max(1)).clamp(1, oh.max(1));
+    let stripes = oh.div_ceil(rows);
     let threads = rayon::current_num_threads();
-    let ws = w.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-    let bs = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
-    let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![0f32; b * o * oh * ow];
-    let mut padded = vec![0f32; c * plane];
-    let mut buf = vec![0f32; stripes * o * stripe];
     for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
-        padded.par_chunks_mut(plane).zip(img.par_chunks(h * wd)).for_each(|(p, src)| {
-            for (y, row) in src.chunks_exact(wd).enumerate() {
-                p[(y + pad) * wp + pad..][..wd].copy_from_slice(row);
-            }
-        });
-        let run = |si: usize, st: &mut [f32], par: gemm::Parallelism| {
-            let s0 = si * stripe;
-            let n = stripe.min(wide - s0);
-            for (oi, row) in st.chunks_exact_mut(stripe).enumerate() {
-                row[..n].fill(bs.as_ref().map_or(0.0, |b| b[oi]));
-            }
-            for ky in 0..kh {
-                for kx in 0..kw {
-                    // SAFETY: dst is `o × n` with row stride `stripe` inside `st`; lhs addresses
-                    // w[:, :, ky, kx] inside `ws`; rhs reads positions s0 + ky·wp + kx .. + n of
-                    // each of the c padded planes, which ends within `plane` (see its slack).
-                    unsafe {
-                        gemm::gemm(
-                            o, n, c,
-                            st.as_mut_ptr(), 1, stripe as isize, true,
-                            ws[ky * kw + kx..].as_ptr(), (kh * kw) as isize, (c * kh * kw) as isize,
-                            padded[s0 + ky * wp + kx..].as_ptr(), 1, plane as isize,
-                            1.0, 1.0, false, false, false, par,
-                        );
+        let dst = SharedOut(dst.as_mut_ptr());
+        let run = |si: usize, par: gemm::Parallelism| {
+            let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
+            COLUMNS.with(|cols| {
+                let mut cols = cols.borrow_mut();
+                cols.clear();
+                cols.resize(k * n, 0.0);
+                for (r, col) in cols.chunks_exact_mut(n).enumerate() {
+                    if r == taps {
+                        col.fill(1.0);
+                        continue;
+                    }
+                    let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
+                    let plane = &img[ci * h * wd..][..h * wd];
+                    for (dy, line) in col.chunks_exact_mut(ow).enumerate() {
+                        let iy = (y0 + dy + ky) as isize - pad as isize;
+                        if iy < 0 || iy >= h as isize {
+                            continue; // stays zero
+                        }
+                        let src = &plane[iy as usize * wd..][..wd];
+                        // Output x reads input x + kx − pad; columns outside the input stay zero.
+                        let lo = pad.saturating_sub(kx).min(ow);
+                        let hi = (wd + pad).saturating_sub(kx).min(ow);
+                        if lo < hi {
+                            let s0 = lo + kx - pad;
+                            line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                        }
                     }
                 }
-            }
+                // SAFETY: lhs is the `o × k` weight, rhs the `k × n` columns; dst addresses output
+                // rows y0.. of each of the o channel planes (row stride oh·ow, n = rows·ow
+                // elements each), which no other stripe writes.
+                unsafe {
+                    gemm::gemm(
+                        o, n, k,
+                        dst.at(y0 * ow), 1, (oh * ow) as isize, false,
+                        weight.as_ptr(), 1, k as isize,
+                        cols.as_ptr(), 1, n as isize,
+                        0.0, 1.0, false, false, false, par,
+                    );
+                }
+            });
         };
         if stripes >= 2 * threads {
-            buf.par_chunks_mut(o * stripe).enumerate().for_each(|(si, st)| run(si, st, gemm::Parallelism::None));
+            (0..stripes).into_par_iter().for_each(|si| run(si, gemm::Parallelism::None));
         } else {
             let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-            buf.chunks_mut(o * stripe).enumerate().for_each(|(si, st)| run(si, st, par));
+            (0..stripes).for_each(|si| run(si, par));
         }
-        // Keep the first `ow` columns of every padded-width row.
-        dst.par_chunks_mut(oh * ow).enumerate().for_each(|(oi, plane_out)| {
-            for (y, line) in plane_out.chunks_exact_mut(ow).enumerate() {
-                let (mut q, mut at) = (y * wp, 0);
-                while at < ow {
-                    let (si, off) = (q / stripe, q % stripe);
-                    let take = (ow - at).min(stripe - off);
-                    line[at..at + take].copy_from_slice(&buf[(si * o + oi) * stripe + off..][..take]);
-                    (q, at) = (q + take, at + take);
-                }
-            }
-        });
     }
+    drop(storage);
     Tensor::from_vec(out, (b, o, oh, ow), x.device())
+}
+
+/// The output buffer of one image, written by stripes in parallel at disjoint rows.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: the stripes write disjoint elements (see `stripe_gemm_conv`), and the buffer outlives them.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    /// The pointer `offset` elements in.
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+thread_local! {
+    /// Each worker's stripe columns, reused across stripes and calls.
+    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
