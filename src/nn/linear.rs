@@ -12,6 +12,9 @@ enum Weight {
     Dense(Tensor),
     /// Block-quantized `[out, in]`.
     Quantized(QMatMul),
+    /// f16 `[out, in]` (a GGUF f16 matrix on the CPU), widened to f32 for each product: half the
+    /// memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
+    Half(Tensor),
 }
 
 /// The number of rows of the warm-up product that makes Candle repack a quantized weight: one that
@@ -47,6 +50,28 @@ fn dequantized_for(q: &QMatMul, x: &Tensor) -> candle_core::Result<Option<Tensor
     }
 }
 
+/// The `[out]` bias under `vb` when the layer has one.
+fn load_bias(vb: &Vb, out_dim: usize, bias: bool) -> Result<Option<Tensor>> {
+    Ok(if bias { Some(vb.get(out_dim, "bias")?) } else { None })
+}
+
+/// An f16 CPU tensor as f32, converted in parallel chunks by `half`'s vectorised (F16C / NEON)
+/// slice conversion (Candle's cast converts element by element).
+fn widen_f16(w: &Tensor) -> candle_core::Result<Tensor> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let w = w.contiguous()?;
+    let (storage, layout) = w.storage_and_layout();
+    let src = match &*storage {
+        candle_core::Storage::Cpu(candle_core::CpuStorage::F16(data)) => &data[layout.start_offset()..][..w.elem_count()],
+        _ => return w.to_dtype(DType::F32),
+    };
+    let mut out = vec![0f32; src.len()];
+    out.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+    drop(storage);
+    Tensor::from_vec(out, w.shape(), w.device())
+}
+
 /// `y = x Wᵀ + b` over the last dimension; any number of leading dimensions.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -67,6 +92,11 @@ impl Linear {
                         format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
                     ));
                 }
+                if q.dtype() == GgmlDType::F16 && vb.device().is_cpu() {
+                    let w = q.dequantize_f16(vb.device())?;
+                    vb.store().release_pages();
+                    return Ok(Linear { weight: Weight::Half(w), bias: load_bias(vb, out_dim, bias)?, out_dim });
+                }
                 let rows = settle_rows(q.dtype());
                 let q = QMatMul::from_qtensor(q)?;
                 if vb.device().is_cpu() {
@@ -79,8 +109,7 @@ impl Linear {
             }
             None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
         };
-        let bias = if bias { Some(vb.get(out_dim, "bias")?) } else { None };
-        Ok(Linear { weight, bias, out_dim })
+        Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim })
     }
 
     /// Builds from tensors already in memory.
@@ -100,6 +129,8 @@ impl Linear {
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
+            Weight::Half(w) if x2.dtype() == DType::F32 => x2.matmul(&widen_f16(w)?.t()?)?,
+            Weight::Half(w) => x2.matmul(&w.to_dtype(x2.dtype())?.t()?)?,
             Weight::Quantized(q) => {
                 let dt = x2.dtype();
                 let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
@@ -139,13 +170,17 @@ impl Module for Linear {
 }
 
 impl Linear {
-    /// Fuses several dense layers over the same input into one (outputs concatenated), or None when
-    /// any part is quantized or trainable (a fused copy would not follow the optimiser's updates).
+    /// Fuses several dense (or all f16) layers over the same input into one (outputs concatenated),
+    /// or None when any part is quantized, of another kind or trainable (a fused copy would not follow the optimiser's updates).
     pub fn concat(parts: &[Linear]) -> Result<Option<Linear>> {
         let mut ws = Vec::with_capacity(parts.len());
         let mut bs = Vec::with_capacity(parts.len());
+        let half = parts.first().is_some_and(|p| matches!(p.weight, Weight::Half(_)));
         for p in parts {
-            let Weight::Dense(w) = &p.weight else { return Ok(None) };
+            let w = match (&p.weight, half) {
+                (Weight::Dense(w), false) | (Weight::Half(w), true) => w,
+                _ => return Ok(None),
+            };
             if w.is_variable() || p.bias.as_ref().is_some_and(|b| b.is_variable()) {
                 return Ok(None);
             }
@@ -161,6 +196,7 @@ impl Linear {
             return Ok(None);
         };
         let w = Tensor::cat(&ws, 0)?;
-        Ok(Some(Linear { out_dim: w.dim(0)?, weight: Weight::Dense(w), bias }))
+        let out_dim = w.dim(0)?;
+        Ok(Some(Linear { out_dim, weight: if half { Weight::Half(w) } else { Weight::Dense(w) }, bias }))
     }
 }

@@ -12,7 +12,8 @@ layout under --workdir, exports ONNX (where the exporter can), and then runs the
 median forward time, edgerun/ORT and edgerun/PyTorch, achieved GFLOP/s (FLOPs counted by PyTorch's
 FlopCounterMode on the reference forward), edgerun's peak RSS, and the max abs error of edgerun's output
 against PyTorch f32 relative to max(1, max|ref|) — so that a fast wrong answer shows. Variants: f32,
-f16 (`--dtype f16`), q8_0 and q4k (GGUF files made by `edgerun quantize`). L-GATr is also timed under
+and GGUF files made by `edgerun quantize --type <variant>`: f16 (weights held in f16, computed in f32
+on the CPU), q8_0, q4k. L-GATr is also timed under
 `torch.compile`.
 """
 import argparse
@@ -148,9 +149,10 @@ def count_flops(case):
 
 
 def edgerun_model(binary, case, variant):
-    """(model path, compute dtype) of a variant; GGUF copies are made once by `edgerun quantize`."""
-    if variant in ("f32", "f16"):
-        return case.model_dir, variant
+    """(model path, compute dtype) of a variant: the checkpoint for f32, else a GGUF copy made once by
+    `edgerun quantize`."""
+    if variant == "f32":
+        return case.model_dir, "f32"
     path = os.path.join(case.model_dir, f"model-{variant}.gguf")
     if not os.path.exists(path):
         subprocess.run([binary, "quantize", "--type", variant, "--quiet", case.model_dir, path], check=True)
