@@ -104,9 +104,14 @@ def build_da3s(workdir):
 
 
 def build_lgatr(workdir):
-    from lgatr import LGATr
-
-    sys.path.insert(0, HERE)
+    # tools/bench/lgatr.py shadows the lgatr package while this directory is on the path.
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != HERE]
+    sys.modules.pop("lgatr", None)
+    try:
+        from lgatr import LGATr
+    finally:
+        sys.path[:] = saved
     spec = importlib.util.spec_from_file_location("lgatr_bench", os.path.join(HERE, "lgatr.py"))
     lb = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lb)
@@ -246,20 +251,18 @@ def main():
         ref_s = f"PyTorch {t_torch:.0f} ms" + (f", ORT {t_ort:.0f} ms" if times["ort"] else ", ORT n/a") + (
             f", torch.compile {t_comp:.0f} ms" if times["compiled"] else "")
         print(f"== {case.label}: {flops / 1e9:.1f} GFLOP; {ref_s}", flush=True)
+        torch_cell = f"{t_torch:.0f}" + (f" (compiled {t_comp:.0f})" if times["compiled"] else "")
+        ort_cell = f"{t_ort:.0f}" if times["ort"] else "—"
         for v in a.variants:
             if not ours[v]:
                 continue
             t = median(ours[v])
             vs_ort = f"{t / t_ort:.2f}" if times["ort"] else "—"
-            vs_comp = f" | {t / t_comp:.2f}" if times["compiled"] else ""
-            row = (f"| {case.label} | {v} | {t_torch:.0f} | {t_ort:.0f} | {t:.0f} | {vs_ort} | {t / t_torch:.2f}{vs_comp} | "
-                   f"{flops / t / 1e6:.0f} | {rss[v]:.0f} | {err[v]:.1e} |") if times["ort"] else (
-                   f"| {case.label} | {v} | {t_torch:.0f} | — | {t:.0f} | — | {t / t_torch:.2f}{vs_comp} | "
+            vs_torch = f"{t / t_torch:.2f}" + (f" (compiled {t / t_comp:.2f})" if times["compiled"] else "")
+            row = (f"| {case.label} | {v} | {torch_cell} | {ort_cell} | {t:.0f} | {vs_ort} | {vs_torch} | "
                    f"{flops / t / 1e6:.0f} | {rss[v]:.0f} | {err[v]:.1e} |")
             print(row, flush=True)
             lines.append(row)
-        if times["compiled"]:
-            lines.append(f"| {case.label} | torch.compile | {t_comp:.0f} ms | | | | | | | |")
     write_results(a, lines)
 
 
@@ -288,7 +291,7 @@ def write_results(a, lines):
         f"Medians over {a.rounds} rounds × {a.repeat} forward passes per engine, engines alternating; load excluded.",
         "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch|) over the outputs.",
         "",
-        "| model @ input | edgerun | PyTorch ms | ORT ms | edgerun ms | edgerun / ORT | edgerun / PyTorch (\\| / compiled) | GFLOP/s | peak RSS MiB | error |",
+        "| model @ input | edgerun | PyTorch ms | ORT ms | edgerun ms | edgerun / ORT | edgerun / PyTorch | edgerun GFLOP/s | edgerun peak RSS MiB | error |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     with open(a.results, "w") as f:
