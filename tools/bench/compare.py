@@ -194,9 +194,16 @@ def machine():
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+        flags = " (" + ", ".join(x for x in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if x in have) + ")"
+    except (OSError, StopIteration):
+        pass
     import onnxruntime
 
-    return (f"{cpu}, {os.cpu_count()} logical cores, {threads()} threads for every engine; {platform.platform()}; "
+    return (f"{cpu}{flags}, {os.cpu_count()} logical cores, {threads()} threads for every engine; {platform.platform()}; "
             f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
 
 
