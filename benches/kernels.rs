@@ -1,13 +1,16 @@
 //! Criterion benchmarks of the hot kernels at the models' real shapes (`cargo bench --bench kernels`;
 //! one group: `cargo bench --bench kernels -- conv3x3`). Shapes: DA-V2-Small at 518² (1370 tokens of
-//! width 384, 6 heads, DPT head convs at 518² and fusion at 296²), SegFormer-B0 at 512² (stage-0 Mix-FFN).
+//! width 384, 6 heads, DPT head convs at 518² and fusion at 296²), SegFormer-B0 at 512² (the Mix-FFN
+//! depthwise convs of its four stages), L-GATr at 32 jets × 200 particles (the geometric product).
+//! Whole models side by side with PyTorch and ONNX Runtime: `tools/bench/compare.py`.
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
-use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
+use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
+use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
 use edgerun::nn::linear::Linear;
 
 fn randn(shape: &[usize]) -> Tensor {
@@ -57,13 +60,31 @@ fn convs(c: &mut Criterion) {
     let x = randn(&[1, 48, 37, 37]);
     let tconv = ConvTranspose2d::new(randn(&[48, 48, 4, 4]), Some(randn(&[48])), ConvTranspose2dConfig { stride: 4, ..Default::default() });
     flops(c, "conv_transpose", "48ch_37_x4", (2 * 148 * 148 * 48 * 48) as u64, &mut || tconv.forward(&x).unwrap());
-    // SegFormer-B0 stage 0 Mix-FFN: 128 channels at 128², channels-last, bias and GELU fused.
-    let x = randn(&[1, 128, 128, 128]);
-    let (w, b) = (randn(&[128, 1, 3, 3]), randn(&[128]));
+}
+
+/// SegFormer-B0's Mix-FFN depthwise 3×3 convs at its four stage shapes (512² input): edgerun's
+/// channels-last kernel with bias and GELU fused, its NCHW kernel, and Candle's grouped conv.
+fn depthwise(c: &mut Criterion) {
     let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
-    flops(c, "depthwise", "128ch_128_nhwc_gelu", (2 * 128 * 128 * 128 * 9) as u64, &mut || {
-        depthwise_conv2d_nhwc(&x, &w, Some(&b), DwActivation::GeluErf, cfg).unwrap()
-    });
+    for (ch, hw) in [(128usize, 128usize), (256, 64), (640, 32), (1024, 16)] {
+        let x = randn(&[1, ch, hw, hw]);
+        let xt = x.permute((0, 2, 3, 1)).unwrap().contiguous().unwrap();
+        let (w, b) = (randn(&[ch, 1, 3, 3]), randn(&[ch]));
+        let (id, n) = (format!("{ch}ch_{hw}"), (2 * ch * hw * hw * 9) as u64);
+        flops(c, "depthwise_nhwc_gelu", &id, n, &mut || depthwise_conv2d_nhwc(&xt, &w, Some(&b), DwActivation::GeluErf, cfg).unwrap());
+        flops(c, "depthwise_nchw", &id, n, &mut || depthwise_conv2d(&x, &w, Some(&b), cfg).unwrap());
+        flops(c, "depthwise_candle_grouped", &id, n, &mut || depthwise_conv2d_grouped(&x, &w, Some(&b), cfg).unwrap());
+    }
+}
+
+/// L-GATr's geometric product over 32 jets × 200 particles × 32 channels of 16-component
+/// multivectors: the kernel, the dense bilinear form and the gather implementation.
+fn geometric_product(c: &mut Criterion) {
+    let n = 32 * 200 * 32;
+    let (x, y) = (randn(&[n, 16]), randn(&[n, 16]));
+    for imp in [GpImpl::Kernel, GpImpl::Dense, GpImpl::Gather] {
+        flops(c, "geometric_product", &format!("{imp:?}"), n as u64, &mut || geometric_product_with(&x, &y, imp).unwrap());
+    }
 }
 
 /// Attention (6 heads × 1370 tokens × 64: fused kernel and Candle ops), LayerNorm, GELU, resizes.
@@ -87,5 +108,5 @@ fn elementwise(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, gemm, convs, elementwise);
+criterion_group!(benches, gemm, convs, depthwise, geometric_product, elementwise);
 criterion_main!(benches);

@@ -10,8 +10,9 @@ out_mv 1, out_s 1. Input: 32 jets x 200 particles, f32.
     /usr/bin/time -v /work/venv/bin/python tools/bench/lgatr.py --dir /tmp/lgatr_bench --runs 1 --no-save
 
 The directory holds config.json + model.safetensors (the state dict), input.safetensors
-(`multivectors`, `scalars`) and expected.safetensors (`outputs_mv`, `outputs_s`) so that the Rust
-bench (`benches/lgatr.rs`) runs the same weights on the same input.
+(`multivectors`, `scalars`) and expected.safetensors (`outputs_mv`, `outputs_s`) so that edgerun runs
+the same weights on the same input (`edgerun forward --model DIR --input DIR/input.safetensors
+--output OUT --repeat 3`); tools/bench/compare.py runs the same comparison in its L-GATr row.
 """
 
 from __future__ import annotations
