@@ -46,14 +46,13 @@ pub fn gelu_erf(x: &Tensor) -> candle_core::Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || x.track_op() {
         return x.gelu_erf();
     }
-    let x = x.contiguous()?;
-    let (storage, layout) = x.storage_and_layout();
-    let src = match &*storage {
-        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) => &data[layout.start_offset()..][..x.elem_count()],
-        _ => return x.gelu_erf(),
-    };
-    let mut out = vec![0f32; src.len()];
-    super::fast_math::gelu_erf_map(src, &mut out);
-    drop(storage);
-    Tensor::from_vec(out, x.shape(), x.device())
+    let mapped = super::cpu_slice::with_contiguous(x, |src: &[f32]| {
+        let mut out = vec![0f32; src.len()];
+        super::fast_math::gelu_erf_map(src, &mut out);
+        out
+    })?;
+    match mapped {
+        Some(out) => Tensor::from_vec(out, x.shape(), x.device()),
+        None => x.gelu_erf(),
+    }
 }

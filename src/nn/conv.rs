@@ -86,69 +86,68 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -
         None => Tensor::cat(&[&w.reshape((o, taps))?, &Tensor::zeros((o, 1), DType::F32, w.device())?], 1)?,
     };
     let weight = weight.flatten_all()?.to_vec1::<f32>()?;
-    let x = x.contiguous()?;
-    let (storage, layout) = x.storage_and_layout();
-    let xs = match &*storage {
-        candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) => &data[layout.start_offset()..][..b * c * h * wd],
-        _ => candle_core::bail!("conv2d: the fast path needs an f32 CPU input"),
-    };
     let rows = (STRIPE_WORKING_SET / ((k + o) * ow).max(1)).clamp(1, oh.max(1));
     let stripes = oh.div_ceil(rows);
     let threads = rayon::current_num_threads();
-    let mut out = vec![0f32; b * o * oh * ow];
-    for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
-        let dst = SharedOut(dst.as_mut_ptr());
-        let run = |si: usize, par: gemm::Parallelism| {
-            let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
-            COLUMNS.with(|cols| {
-                let mut cols = cols.borrow_mut();
-                cols.clear();
-                cols.resize(k * n, 0.0);
-                for (r, col) in cols.chunks_exact_mut(n).enumerate() {
-                    if r == taps {
-                        col.fill(1.0);
-                        continue;
-                    }
-                    let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
-                    let plane = &img[ci * h * wd..][..h * wd];
-                    for (dy, line) in col.chunks_exact_mut(ow).enumerate() {
-                        let iy = (y0 + dy + ky) as isize - pad as isize;
-                        if iy < 0 || iy >= h as isize {
-                            continue; // stays zero
+    let convolve = |xs: &[f32]| -> Vec<f32> {
+        let mut out = vec![0f32; b * o * oh * ow];
+        for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
+            let dst = SharedOut(dst.as_mut_ptr());
+            let run = |si: usize, par: gemm::Parallelism| {
+                let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
+                COLUMNS.with(|cols| {
+                    let mut cols = cols.borrow_mut();
+                    cols.clear();
+                    cols.resize(k * n, 0.0);
+                    for (r, col) in cols.chunks_exact_mut(n).enumerate() {
+                        if r == taps {
+                            col.fill(1.0);
+                            continue;
                         }
-                        let src = &plane[iy as usize * wd..][..wd];
-                        // Output x reads input x + kx − pad; columns outside the input stay zero.
-                        let lo = pad.saturating_sub(kx).min(ow);
-                        let hi = (wd + pad).saturating_sub(kx).min(ow);
-                        if lo < hi {
-                            let s0 = lo + kx - pad;
-                            line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                        let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
+                        let plane = &img[ci * h * wd..][..h * wd];
+                        for (dy, line) in col.chunks_exact_mut(ow).enumerate() {
+                            let iy = (y0 + dy + ky) as isize - pad as isize;
+                            if iy < 0 || iy >= h as isize {
+                                continue; // stays zero
+                            }
+                            let src = &plane[iy as usize * wd..][..wd];
+                            // Output x reads input x + kx − pad; columns outside the input stay zero.
+                            let lo = pad.saturating_sub(kx).min(ow);
+                            let hi = (wd + pad).saturating_sub(kx).min(ow);
+                            if lo < hi {
+                                let s0 = lo + kx - pad;
+                                line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                            }
                         }
                     }
-                }
-                // SAFETY: lhs is the `o × k` weight, rhs the `k × n` columns; dst addresses output
-                // rows y0.. of each of the o channel planes (row stride oh·ow, n = rows·ow
-                // elements each), which no other stripe writes.
-                unsafe {
-                    gemm::gemm(
-                        o, n, k,
-                        dst.at(y0 * ow), 1, (oh * ow) as isize, false,
-                        weight.as_ptr(), 1, k as isize,
-                        cols.as_ptr(), 1, n as isize,
-                        0.0, 1.0, false, false, false, par,
-                    );
-                }
-            });
-        };
-        if stripes >= 2 * threads {
-            (0..stripes).into_par_iter().for_each(|si| run(si, gemm::Parallelism::None));
-        } else {
-            let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-            (0..stripes).for_each(|si| run(si, par));
+                    // SAFETY: lhs is the `o × k` weight, rhs the `k × n` columns; dst addresses output
+                    // rows y0.. of each of the o channel planes (row stride oh·ow, n = rows·ow
+                    // elements each), which no other stripe writes.
+                    unsafe {
+                        gemm::gemm(
+                            o, n, k,
+                            dst.at(y0 * ow), 1, (oh * ow) as isize, false,
+                            weight.as_ptr(), 1, k as isize,
+                            cols.as_ptr(), 1, n as isize,
+                            0.0, 1.0, false, false, false, par,
+                        );
+                    }
+                });
+            };
+            if stripes >= 2 * threads {
+                (0..stripes).into_par_iter().for_each(|si| run(si, gemm::Parallelism::None));
+            } else {
+                let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+                (0..stripes).for_each(|si| run(si, par));
+            }
         }
+        out
+    };
+    match super::cpu_slice::with_contiguous(x, convolve)? {
+        Some(out) => Tensor::from_vec(out, (b, o, oh, ow), x.device()),
+        None => candle_core::bail!("conv2d: the fast path needs an f32 CPU input"),
     }
-    drop(storage);
-    Tensor::from_vec(out, (b, o, oh, ow), x.device())
 }
 
 /// The output buffer of one image, written by stripes in parallel at disjoint rows.

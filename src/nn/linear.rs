@@ -60,16 +60,15 @@ fn load_bias(vb: &Vb, out_dim: usize, bias: bool) -> Result<Option<Tensor>> {
 fn widen_f16(w: &Tensor) -> candle_core::Result<Tensor> {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
-    let w = w.contiguous()?;
-    let (storage, layout) = w.storage_and_layout();
-    let src = match &*storage {
-        candle_core::Storage::Cpu(candle_core::CpuStorage::F16(data)) => &data[layout.start_offset()..][..w.elem_count()],
-        _ => return w.to_dtype(DType::F32),
-    };
-    let mut out = vec![0f32; src.len()];
-    out.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
-    drop(storage);
-    Tensor::from_vec(out, w.shape(), w.device())
+    let widened = super::cpu_slice::with_contiguous(w, |src: &[half::f16]| {
+        let mut out = vec![0f32; src.len()];
+        out.par_chunks_mut(1 << 16).zip(src.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+        out
+    })?;
+    match widened {
+        Some(out) => Tensor::from_vec(out, w.shape(), w.device()),
+        None => w.to_dtype(DType::F32),
+    }
 }
 
 /// `y = x Wᵀ + b` over the last dimension; any number of leading dimensions.

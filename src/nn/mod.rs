@@ -2,6 +2,7 @@
 pub mod activation;
 pub mod attention;
 pub mod conv;
+pub mod cpu_slice;
 pub mod dinov2;
 pub mod dinov3;
 pub mod dpt;

@@ -23,19 +23,31 @@ def time_torch(model, inputs: dict, repeat: int) -> list[float]:
 
 def time_onnx(model, inputs: dict, path: str, output_names: list[str], repeat: int):
     """Exports `model` to ONNX at `path` and returns ORT forward times in ms, or None if export fails."""
-    import onnxruntime as ort
+    if not export_onnx(model, inputs, path, output_names):
+        return None
+    return time_onnx_session(path, inputs, repeat)
 
+
+def export_onnx(model, inputs: dict, path: str, output_names: list[str]) -> bool:
+    """Exports `model` to ONNX at `path`; False (with the reason printed) if the exporter fails."""
     names = list(inputs)
     try:
         torch.onnx.export(model, tuple(inputs[n] for n in names), path, input_names=names,
                           output_names=output_names, opset_version=17, dynamo=False)
     except Exception as e:  # noqa: BLE001 - report and carry on without ORT
         print(f"onnx export failed: {e}")
-        return None
+        return False
+    return True
+
+
+def time_onnx_session(path: str, inputs: dict, repeat: int) -> list[float]:
+    """ORT forward times in ms of the model at `path` (after one warm-up run), torch's thread count."""
+    import onnxruntime as ort
+
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    feed = {n: inputs[n].numpy() for n in names}
+    feed = {n: t.numpy() for n, t in inputs.items()}
     sess.run(None, feed)
     out = []
     for _ in range(repeat):

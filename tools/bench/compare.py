@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import median, threads, time_onnx  # noqa: E402
+from common import export_onnx, median, threads, time_onnx_session, time_torch  # noqa: E402
 
 
 def fixtures_common():
@@ -51,39 +51,37 @@ class Case:
         self.outputs, self.model_dir, self.onnx_module = outputs, model_dir, onnx_module
 
 
+def hub_case(name, label, model, workdir, size, output):
+    """A transformers model re-initialised (O(1) activations), saved in the hub layout, on one
+    random image of `size` (H, W)."""
+    model = model.eval()
+    fixtures_common().reinit(model, 0)
+    model.save_pretrained(workdir)
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(1))
+    fwd = lambda **kw: {output: getattr(model(**kw), output)}  # noqa: E731
+    return Case(name, label, fwd, {"pixel_values": x}, [output], workdir, model)
+
+
 def build_da2s(workdir):
     from depth_anything import da2_small_config
     from transformers import DepthAnythingForDepthEstimation
 
-    model = DepthAnythingForDepthEstimation(da2_small_config()).eval()
-    fixtures_common().reinit(model, 0)
-    model.save_pretrained(workdir)
-    x = torch.randn(1, 3, 518, 518, generator=torch.Generator().manual_seed(1))
-    fwd = lambda **kw: {"predicted_depth": model(**kw).predicted_depth}  # noqa: E731
-    return Case("da2s", "DA-V2-Small @ 518²", fwd, {"pixel_values": x}, ["predicted_depth"], workdir, model)
+    model = DepthAnythingForDepthEstimation(da2_small_config())
+    return hub_case("da2s", "DA-V2-Small @ 518²", model, workdir, (518, 518), "predicted_depth")
 
 
 def build_segformer(workdir):
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
 
     cfg = SegformerConfig(num_labels=150, hidden_sizes=[32, 64, 160, 256], depths=[2, 2, 2, 2], decoder_hidden_size=256)
-    model = SegformerForSemanticSegmentation(cfg).eval()
-    fixtures_common().reinit(model, 0)
-    model.save_pretrained(workdir)
-    x = torch.randn(1, 3, 512, 512, generator=torch.Generator().manual_seed(1))
-    fwd = lambda **kw: {"logits": model(**kw).logits}  # noqa: E731
-    return Case("segformer", "SegFormer-B0 @ 512²", fwd, {"pixel_values": x}, ["logits"], workdir, model)
+    return hub_case("segformer", "SegFormer-B0 @ 512²", SegformerForSemanticSegmentation(cfg), workdir, (512, 512), "logits")
 
 
 def build_chmv2(workdir):
     from transformers import CHMv2Config, CHMv2ForDepthEstimation
 
-    model = CHMv2ForDepthEstimation(CHMv2Config()).eval()
-    fixtures_common().reinit(model, 0)
-    model.save_pretrained(workdir)
-    x = torch.randn(1, 3, 416, 416, generator=torch.Generator().manual_seed(1))
-    fwd = lambda **kw: {"predicted_depth": model(**kw).predicted_depth}  # noqa: E731
-    return Case("chmv2", "CHMv2 (ViT-L/16) @ 416²", fwd, {"pixel_values": x}, ["predicted_depth"], workdir, model)
+    model = CHMv2ForDepthEstimation(CHMv2Config())
+    return hub_case("chmv2", "CHMv2 (ViT-L/16) @ 416²", model, workdir, (416, 416), "predicted_depth")
 
 
 def build_da3s(workdir):
@@ -132,17 +130,6 @@ def build_lgatr(workdir):
 
 
 BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr}
-
-
-def time_callable(fn, inputs, repeat):
-    with torch.no_grad():
-        fn(**inputs)
-        out = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            fn(**inputs)
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def count_flops(case):
@@ -235,16 +222,16 @@ def main():
             ref = case.forward(**case.inputs)
         flops = count_flops(case)
         onnx_path = os.path.join(workdir, "model.onnx")
-        have_onnx = case.onnx_module is not None and time_onnx(case.onnx_module, case.inputs, onnx_path, case.outputs, 1) is not None
+        have_onnx = case.onnx_module is not None and export_onnx(case.onnx_module, case.inputs, onnx_path, case.outputs)
         times = {"torch": [], "ort": [], "compiled": []}
         ours = {v: [] for v in a.variants}
         rss, err = {}, {}
         for _ in range(a.rounds):
-            times["torch"] += time_callable(case.forward, case.inputs, a.repeat)
+            times["torch"] += time_torch(case.forward, case.inputs, a.repeat)
             if have_onnx:
                 times["ort"] += time_onnx_session(onnx_path, case.inputs, a.repeat)
             if hasattr(case, "compiled"):
-                times["compiled"] += time_callable(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
+                times["compiled"] += time_torch(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
             for v in a.variants:
                 try:
                     ms, r, out = run_edgerun(a.binary, case, v, inp, a.repeat)
@@ -271,22 +258,6 @@ def main():
             print(row, flush=True)
             lines.append(row)
     write_results(a, lines)
-
-
-def time_onnx_session(path, inputs, repeat):
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads()
-    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
-    feed = {n: t.numpy() for n, t in inputs.items()}
-    sess.run(None, feed)
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        sess.run(None, feed)
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def write_results(a, lines):

@@ -314,9 +314,10 @@ impl Attention {
         })
     }
 
+    /// `[B, N, heads·D]` → a `[B, heads, N, D]` view.
     fn heads(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let (b, n, _) = x.dims3()?;
-        x.reshape((b, n, self.heads, self.head_dim))?.transpose(1, 2)?.contiguous()
+        x.reshape((b, n, self.heads, self.head_dim))?.transpose(1, 2)
     }
 
     fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
@@ -335,6 +336,7 @@ impl Attention {
             let o = crate::nn::fused_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
             return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
         }
+        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let scores = (q.matmul(&k.t()?)? * scale)?;
         // Softmax in f32, as the reference (`softmax(..., dtype=torch.float32)`).
         let dt = scores.dtype();
