@@ -11,6 +11,7 @@ use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
 use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
+use edgerun::nn::int8_gemm::{self, PackedQ8};
 use edgerun::nn::linear::Linear;
 
 fn randn(shape: &[usize]) -> Tensor {
@@ -24,7 +25,8 @@ fn flops(c: &mut Criterion, group: &str, id: &str, n: u64, f: &mut dyn FnMut() -
     g.finish();
 }
 
-/// The ViT block's matmuls: qkv, attention output, MLP up and down (f32, Q8_0, Q4_K weights).
+/// The ViT block's matmuls: qkv, attention output, MLP up and down (f32, Candle's Q8_0 and Q4_K,
+/// edgerun's int8 GEMM on Q8_0 weights).
 fn gemm(c: &mut Criterion) {
     let x = randn(&[1370, 384]);
     let xh = randn(&[1370, 1536]);
@@ -38,6 +40,13 @@ fn gemm(c: &mut Criterion) {
         for dt in [GgmlDType::Q8_0, GgmlDType::Q4K].into_iter().filter(|d| k % d.block_size() == 0) {
             let q = QMatMul::from_qtensor(QTensor::quantize(&w, dt).unwrap()).unwrap();
             flops(c, &format!("gemm_{dt:?}"), name, n, &mut || q.forward(input).unwrap());
+        }
+        if int8_gemm::available() {
+            let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+            let packed = PackedQ8::from_q8_0(&q.data().unwrap(), out, k).unwrap();
+            let xs = input.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let rows = input.dim(0).unwrap();
+            flops(c, "gemm_int8_q8_0", name, n, &mut || Tensor::from_vec(packed.matmul(&xs, rows, None), (rows, out), &Device::Cpu).unwrap());
         }
     }
 }

@@ -91,7 +91,7 @@ pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
 /// Runs `f` compiled for AVX-512 or AVX2 + FMA when the CPU has them (`f` is inlined into the
 /// wrapper that carries the target features), as it is otherwise.
 #[inline(always)]
-fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn vectorised<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         #[target_feature(enable = "avx512f,avx2,fma")]

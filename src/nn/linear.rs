@@ -2,6 +2,7 @@
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Tensor};
 
+use super::int8_gemm::{self, PackedQ8};
 use crate::error::Result;
 use crate::weights::Vb;
 
@@ -15,6 +16,8 @@ enum Weight {
     /// f16 `[out, in]` (a GGUF f16 matrix on the CPU), widened to f32 for each product: half the
     /// memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
     Half(Tensor),
+    /// A Q8_0 matrix repacked for the int8 GEMM (CPUs with AVX-512 VNNI).
+    Int8(std::sync::Arc<PackedQ8>),
 }
 
 /// The number of rows of the warm-up product that makes Candle repack a quantized weight: one that
@@ -96,6 +99,13 @@ impl Linear {
                     vb.store().release_pages();
                     return Ok(Linear { weight: Weight::Half(w), bias: load_bias(vb, out_dim, bias)?, out_dim });
                 }
+                if q.dtype() == GgmlDType::Q8_0 && vb.device().is_cpu() && int8_gemm::available() {
+                    if let Some(packed) = PackedQ8::from_q8_0(&q.data()?, out_dim, in_dim) {
+                        vb.store().release_pages();
+                        let weight = Weight::Int8(std::sync::Arc::new(packed));
+                        return Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim });
+                    }
+                }
                 let rows = settle_rows(q.dtype());
                 let q = QMatMul::from_qtensor(q)?;
                 if vb.device().is_cpu() {
@@ -119,13 +129,16 @@ impl Linear {
 
     /// Whether the weight is kept quantized.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Quantized(_))
+        matches!(self.weight, Weight::Quantized(_) | Weight::Int8(_))
     }
 }
 
 impl Linear {
     /// `x [rows, in] → [rows, out]`.
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
+        if let Weight::Int8(packed) = &self.weight {
+            return self.forward_int8(packed, x2);
+        }
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
             Weight::Half(w) if x2.dtype() == DType::F32 => x2.matmul(&widen_f16(w)?.t()?)?,
@@ -139,10 +152,31 @@ impl Linear {
                 };
                 if dt == DType::F32 { y } else { y.to_dtype(dt)? }
             }
+            Weight::Int8(_) => unreachable!("handled above"),
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
             None => Ok(y),
+        }
+    }
+
+    /// [`Self::forward_rows`] through the int8 GEMM, the bias added in the kernel (no autograd:
+    /// the weight is quantized; a trainable bias is added outside so its gradient is recorded).
+    fn forward_int8(&self, packed: &PackedQ8, x2: &Tensor) -> candle_core::Result<Tensor> {
+        let dt = x2.dtype();
+        let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
+        let rows = x32.dim(0)?;
+        let frozen_bias = match &self.bias {
+            Some(b) if !b.track_op() => super::cpu_slice::with_contiguous(b, |b: &[f32]| b.to_vec())?,
+            _ => None,
+        };
+        let product = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| packed.matmul(x, rows, frozen_bias.as_deref()))?;
+        let Some(out) = product else { candle_core::bail!("linear: the int8 GEMM needs an f32 CPU input") };
+        let y = Tensor::from_vec(out, (rows, self.out_dim), x2.device())?;
+        let y = if dt == DType::F32 { y } else { y.to_dtype(dt)? };
+        match &self.bias {
+            Some(b) if frozen_bias.is_none() => y.broadcast_add(b),
+            _ => Ok(y),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod fast_math;
 pub mod fused_attention;
 pub mod grad;
 pub mod depthwise;
+pub mod int8_gemm;
 pub mod interpolate;
 pub mod layers;
 pub mod linear;

@@ -1,0 +1,375 @@
+//! Int8 GEMM for Q8_0 weights on x86-64 CPUs with AVX-512 VNNI: `y = x Wᵀ (+ b)` where `x`'s rows
+//! are quantized on the fly in blocks of 32 (one f32 scale per block, as Q8_0) and each block's
+//! 32 products are summed in int32 by `vpdpbusd`, 16 output columns at a time, then scaled into f32.
+//! The weights are repacked once at load into 32-column panels.
+use rayon::prelude::*;
+
+/// Values per quantization block (Q8_0's).
+pub const BLOCK: usize = 32;
+/// Output columns per weight panel (two 16-lane registers).
+const PANEL: usize = 32;
+/// Activation rows per register tile.
+const TILE_ROWS: usize = 4;
+/// Activation rows per parallel task (its quantized rows and one weight panel stay in L2).
+const TASK_ROWS: usize = 64;
+/// Bytes of one Q8_0 block in a GGUF tensor: an f16 scale and 32 signed bytes.
+const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
+
+/// One 32-value block of a 32-column weight panel.
+#[repr(C, align(64))]
+#[derive(Clone)]
+struct PanelBlock {
+    /// `[k group (8)][column (32)][4 bytes]`: the 4 consecutive weights of one column a `vpdpbusd`
+    /// lane multiplies.
+    qs: [i8; BLOCK * PANEL],
+    /// Each column's block scale.
+    scale: [f32; PANEL],
+    /// `−128 · Σ w` per column: cancels the +128 offset that makes the activations unsigned.
+    offset: [i32; PANEL],
+}
+
+/// A Q8_0 weight `[n, k]` repacked for [`PackedQ8::matmul`].
+pub struct PackedQ8 {
+    n: usize,
+    k: usize,
+    /// `[panel][block]`.
+    blocks: Vec<PanelBlock>,
+}
+
+impl std::fmt::Debug for PackedQ8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedQ8 {{ n: {}, k: {} }}", self.n, self.k)
+    }
+}
+
+/// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::env::var_os("EDGERUN_NO_INT8").is_none()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl PackedQ8 {
+    /// Repacks the raw GGUF Q8_0 data of an `[n, k]` matrix; `None` when `k` is not a multiple of
+    /// 32 or the data does not have the size of `n · k/32` blocks.
+    pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n == 0 || !k.is_multiple_of(BLOCK) {
+            return None;
+        }
+        let kb = k / BLOCK;
+        if data.len() != n.checked_mul(kb)?.checked_mul(Q8_0_BLOCK_BYTES)? {
+            return None;
+        }
+        let panels = n.div_ceil(PANEL);
+        let empty = PanelBlock { qs: [0; BLOCK * PANEL], scale: [0.0; PANEL], offset: [0; PANEL] };
+        let mut blocks = vec![empty; panels * kb];
+        blocks.par_chunks_mut(kb).enumerate().for_each(|(p, panel)| {
+            for (b, blk) in panel.iter_mut().enumerate() {
+                for col in 0..PANEL.min(n - p * PANEL) {
+                    let src = &data[((p * PANEL + col) * kb + b) * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
+                    blk.scale[col] = half::f16::from_le_bytes([src[0], src[1]]).to_f32();
+                    let mut sum = 0i32;
+                    for (i, &q) in src[2..].iter().enumerate() {
+                        let q = q as i8;
+                        blk.qs[(i / 4) * PANEL * 4 + col * 4 + i % 4] = q;
+                        sum += q as i32;
+                    }
+                    blk.offset[col] = -128 * sum;
+                }
+            }
+        });
+        Some(PackedQ8 { n, k, blocks })
+    }
+
+    /// Output features.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// `x [m, k] → x Wᵀ + bias`, `[m, n]` row-major. Call only where [`available`] is true.
+    pub fn matmul(&self, x: &[f32], m: usize, bias: Option<&[f32]>) -> Vec<f32> {
+        assert!(available(), "the int8 GEMM needs AVX-512 VNNI");
+        assert_eq!(x.len(), m * self.k, "int8 GEMM: input is not m × k");
+        assert!(bias.is_none_or(|b| b.len() == self.n), "int8 GEMM: bias is not n long");
+        let (qa, da) = quantize_rows(x, m, self.k);
+        let mut out = vec![0f32; m * self.n];
+        let kb = self.k / BLOCK;
+        let panels = self.n.div_ceil(PANEL);
+        let chunks = m.div_ceil(TASK_ROWS);
+        let dst = SharedOut(out.as_mut_ptr());
+        (0..chunks * panels).into_par_iter().for_each(|unit| {
+            let (chunk, p) = (unit / panels, unit % panels);
+            let panel = &self.blocks[p * kb..][..kb];
+            let cols = PANEL.min(self.n - p * PANEL);
+            let bias = bias.map(|b| &b[p * PANEL..][..cols]);
+            let rows = (chunk * TASK_ROWS)..m.min((chunk + 1) * TASK_ROWS);
+            let mut r = rows.start;
+            while r < rows.end {
+                let tile = TILE_ROWS.min(rows.end - r);
+                let tile_out = Tile { out: dst.at(r * self.n + p * PANEL), ldo: self.n, cols, bias };
+                // SAFETY: `available()` holds (asserted above); the activations of rows r..r+tile
+                // and their scales are in bounds (`quantize_rows` made m × k and m × kb), and the
+                // tile writes rows r.. of columns p·32..p·32+cols, which no other unit writes.
+                unsafe {
+                    let (a, d) = (&qa[r * self.k..], &da[r * kb..]);
+                    match tile {
+                        4 => vnni::tile::<4>(panel, a, d, self.k, tile_out),
+                        3 => vnni::tile::<3>(panel, a, d, self.k, tile_out),
+                        2 => vnni::tile::<2>(panel, a, d, self.k, tile_out),
+                        _ => vnni::tile::<1>(panel, a, d, self.k, tile_out),
+                    }
+                }
+                r += tile;
+            }
+        });
+        out
+    }
+}
+
+/// Where one register tile writes: row-major output at `out` (row stride `ldo`), `cols` ≤ 32
+/// valid columns, each plus `bias`.
+struct Tile<'a> {
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+    bias: Option<&'a [f32]>,
+}
+
+/// Quantizes each row of `x [m, k]` in blocks of 32 to `round(x / d) + 128` (unsigned bytes) with
+/// `d = max|x| / 127` per block; returns the bytes `[m, k]` and the scales `[m, k/32]`. A block
+/// holding a non-finite value gets a NaN scale, so the product is not finite either.
+pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let kb = k / BLOCK;
+    let mut q = vec![0u8; m * k];
+    let mut d = vec![0f32; m * kb];
+    q.par_chunks_mut(k).zip(d.par_chunks_mut(kb)).zip(x.par_chunks(k)).for_each(|((q, d), x)| {
+        super::fast_math::vectorised(|| {
+            for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d.iter_mut()).zip(x.chunks_exact(BLOCK)) {
+                *d = quantize_block(x, q);
+            }
+        })
+    });
+    (q, d)
+}
+
+/// One block of [`quantize_rows`]; returns its scale. Branch-free so that it vectorises.
+#[inline(always)]
+fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
+    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer (half to even)
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    // 0 · v is NaN exactly when v is not finite.
+    let poison = x.iter().fold(0f32, |s, v| s + v * 0.0);
+    let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        // `max` drops a NaN (to −127; the block's scale is NaN then), the integer sits in the low
+        // mantissa bits of `y`.
+        let y = (v * inv).max(-127.0).min(127.0) + ROUND;
+        let r = (y.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+        *q = (r + 128) as u8;
+    }
+    amax / 127.0 + poison
+}
+
+/// The output buffer, written by tasks at disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: every unit writes its own rows × panel columns (see `matmul`); the buffer outlives them.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+impl SharedOut {
+    /// The pointer `offset` elements in.
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{PanelBlock, Tile, BLOCK, PANEL};
+    use std::arch::x86_64::*;
+
+    /// `R` activation rows (bytes `a`, row stride `k`; scales `d`, row stride k/32) times one
+    /// 32-column panel, into `t`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VNNI; `a` holds `R` rows of `k` bytes and `d` `R` rows of k/32
+    /// scales; `t.out` addresses `R` rows (stride `t.ldo`) of at least `t.cols` writable floats.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn tile<const R: usize>(panel: &[PanelBlock], a: &[u8], d: &[f32], k: usize, t: Tile) {
+        let kb = k / BLOCK;
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for (b, blk) in panel.iter().enumerate().take(kb) {
+            let off0 = _mm512_loadu_si512(blk.offset.as_ptr().cast());
+            let off1 = _mm512_loadu_si512(blk.offset.as_ptr().add(16).cast());
+            let mut sums = [[off0, off1]; R];
+            for g in 0..BLOCK / 4 {
+                let w0 = _mm512_load_si512(blk.qs.as_ptr().add(g * PANEL * 4).cast());
+                let w1 = _mm512_load_si512(blk.qs.as_ptr().add(g * PANEL * 4 + 64).cast());
+                for (r, s) in sums.iter_mut().enumerate() {
+                    let four = std::ptr::read_unaligned(a.as_ptr().add(r * k + b * BLOCK + g * 4).cast::<i32>());
+                    let x = _mm512_set1_epi32(four);
+                    s[0] = _mm512_dpbusd_epi32(s[0], x, w0);
+                    s[1] = _mm512_dpbusd_epi32(s[1], x, w1);
+                }
+            }
+            let s0 = _mm512_loadu_ps(blk.scale.as_ptr());
+            let s1 = _mm512_loadu_ps(blk.scale.as_ptr().add(16));
+            for (r, (acc, s)) in acc.iter_mut().zip(&sums).enumerate() {
+                let da = _mm512_set1_ps(*d.get_unchecked(r * kb + b));
+                acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[0]), _mm512_mul_ps(s0, da), acc[0]);
+                acc[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[1]), _mm512_mul_ps(s1, da), acc[1]);
+            }
+        }
+        for (half, start) in [0usize, 16].into_iter().enumerate() {
+            let valid = t.cols.saturating_sub(start).min(16);
+            if valid == 0 {
+                continue;
+            }
+            let mask: __mmask16 = if valid == 16 { 0xffff } else { (1u16 << valid) - 1 };
+            let bias = match t.bias {
+                Some(b) => _mm512_maskz_loadu_ps(mask, b.as_ptr().add(start)),
+                None => _mm512_setzero_ps(),
+            };
+            for (r, acc) in acc.iter().enumerate() {
+                _mm512_mask_storeu_ps(t.out.add(r * t.ldo + start), mask, _mm512_add_ps(acc[half], bias));
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod vnni {
+    use super::{PanelBlock, Tile};
+    /// Never called: [`super::available`] is false off x86-64.
+    pub(super) unsafe fn tile<const R: usize>(_: &[PanelBlock], _: &[u8], _: &[f32], _: usize, _: Tile) {
+        unreachable!("the int8 GEMM runs on x86-64 only")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Q8_0 bytes of an `[n, k]` matrix with deterministic values (scale, then 32 bytes per block).
+    fn q8_0_matrix(n: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+        let mut bytes = Vec::new();
+        let mut dense = vec![0f32; n * k];
+        for row in 0..n {
+            for b in 0..k / BLOCK {
+                let scale = half::f16::from_f32(0.01 + 0.001 * ((row * 7 + b * 3) % 11) as f32);
+                bytes.extend_from_slice(&scale.to_le_bytes());
+                for i in 0..BLOCK {
+                    let q = (((row * 31 + b * 17 + i * 13) % 255) as i32 - 127) as i8;
+                    bytes.push(q as u8);
+                    dense[row * k + b * BLOCK + i] = scale.to_f32() * q as f32;
+                }
+            }
+        }
+        (bytes, dense)
+    }
+
+    /// The product the kernel must reproduce: quantized activations times the Q8_0 weight, in f64.
+    fn reference(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, bias: Option<&[f32]>) -> Vec<f32> {
+        let (qa, da) = quantize_rows(x, m, k);
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut acc = 0f64;
+                for p in 0..k {
+                    let a = (qa[i * k + p] as i32 - 128) as f64 * da[i * (k / BLOCK) + p / BLOCK] as f64;
+                    acc += a * w[j * k + p] as f64;
+                }
+                out[i * n + j] = acc as f32 + bias.map_or(0.0, |b| b[j]);
+            }
+        }
+        out
+    }
+
+    fn input(m: usize, k: usize) -> Vec<f32> {
+        (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect()
+    }
+
+    #[test]
+    fn matches_the_quantized_product_at_odd_shapes() {
+        if !available() {
+            return;
+        }
+        // Partial panels (n = 40, 16, 7), partial row tiles (m = 1, 3, 70) and a multi-chunk m.
+        for &(m, n, k) in &[(1, 16, 32), (3, 40, 64), (70, 7, 96), (130, 64, 384)] {
+            let (bytes, w) = q8_0_matrix(n, k);
+            let packed = PackedQ8::from_q8_0(&bytes, n, k).expect("valid Q8_0");
+            let x = input(m, k);
+            let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.5 - 3.0).collect();
+            for b in [None, Some(bias.as_slice())] {
+                let got = packed.matmul(&x, m, b);
+                let want = reference(&x, &w, m, n, k, b);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "m={m} n={n} k={k}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn close_to_the_f32_product() {
+        if !available() {
+            return;
+        }
+        let (m, n, k) = (20, 48, 256);
+        let (bytes, w) = q8_0_matrix(n, k);
+        let packed = PackedQ8::from_q8_0(&bytes, n, k).expect("valid Q8_0");
+        let x = input(m, k);
+        let got = packed.matmul(&x, m, None);
+        let mut max_err = 0f32;
+        let mut max_ref = 0f32;
+        for i in 0..m {
+            for j in 0..n {
+                let exact: f32 = (0..k).map(|p| x[i * k + p] * w[j * k + p]).sum();
+                max_err = max_err.max((got[i * n + j] - exact).abs());
+                max_ref = max_ref.max(exact.abs());
+            }
+        }
+        // 8-bit activations: about 0.4 % of a block's largest value per product.
+        assert!(max_err <= 0.01 * max_ref, "error {max_err} against {max_ref}");
+    }
+
+    #[test]
+    fn non_finite_inputs_stay_non_finite() {
+        if !available() {
+            return;
+        }
+        let (bytes, _) = q8_0_matrix(16, 32);
+        let packed = PackedQ8::from_q8_0(&bytes, 16, 32).expect("valid Q8_0");
+        let mut x = input(2, 32);
+        x[5] = f32::NAN;
+        x[40] = f32::INFINITY;
+        let got = packed.matmul(&x, 2, None);
+        assert!(got.iter().all(|v| !v.is_finite()), "{got:?}");
+    }
+
+    #[test]
+    fn refuses_bad_sizes() {
+        let (bytes, _) = q8_0_matrix(4, 64);
+        assert!(PackedQ8::from_q8_0(&bytes, 4, 64).is_some());
+        assert!(PackedQ8::from_q8_0(&bytes[1..], 4, 64).is_none());
+        assert!(PackedQ8::from_q8_0(&bytes, 4, 48).is_none());
+        assert!(PackedQ8::from_q8_0(&bytes, 8, 64).is_none());
+        assert!(PackedQ8::from_q8_0(&bytes, usize::MAX, 64).is_none());
+    }
+}
