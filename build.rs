@@ -1,4 +1,5 @@
-//! Records the git revision and enabled features for `edgerun --version`.
+//! Records the git revision and enabled features for `edgerun --version`, and with `cuda` the GPU
+//! architecture Candle's kernels are built for.
 use std::process::Command;
 
 fn main() {
@@ -25,6 +26,21 @@ fn main() {
         std::env::var("CARGO_PKG_VERSION").unwrap_or_default(),
         std::env::var("TARGET").unwrap_or_default()
     );
+    if std::env::var("CARGO_FEATURE_CUDA").is_ok() {
+        // The GPU architecture Candle's CUDA kernels are compiled for, found as their build finds it.
+        let cap = std::env::var("CUDA_COMPUTE_CAP").ok().or_else(|| {
+            Command::new("nvidia-smi")
+                .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+                .output()
+                .ok()
+                .and_then(|o| String::from_utf8(o.stdout).ok())
+                .and_then(|s| s.lines().next().map(|l| l.trim().replace('.', "")))
+        });
+        if let Some(cap) = cap {
+            println!("cargo:rustc-env=EDGERUN_CUDA_COMPUTE_CAP={cap}");
+        }
+        println!("cargo:rerun-if-env-changed=CUDA_COMPUTE_CAP");
+    }
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");
 }

@@ -1,5 +1,5 @@
 //! Device selection (`--device cpu|cuda[:N]|metal|auto`) and compute dtype parsing.
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -23,7 +23,7 @@ pub fn parse_device(spec: &str) -> Result<Device> {
 
 fn auto_device() -> Device {
     if candle_core::utils::cuda_is_available() {
-        if let Ok(d) = Device::new_cuda(0) {
+        if let Ok(d) = cuda(0) {
             return d;
         }
     }
@@ -39,7 +39,10 @@ fn cuda(ordinal: usize) -> Result<Device> {
     if !cfg!(feature = "cuda") {
         return Err(Error::Device("CUDA was requested but this edgerun was built without the `cuda` feature".into()));
     }
-    Device::new_cuda(ordinal).map_err(|e| Error::Device(format!("cannot open CUDA device {ordinal}: {}", Error::candle_message(&e))))
+    let device = Device::new_cuda(ordinal)
+        .map_err(|e| Error::Device(format!("cannot open CUDA device {ordinal}: {}", Error::candle_message(&e))))?;
+    crate::cuda_arch::adapt_quantized_matmuls(&device);
+    Ok(device)
 }
 
 fn metal(ordinal: usize) -> Result<Device> {
@@ -81,4 +84,21 @@ pub fn set_threads(n: usize) {
     // Both variables are read once, when Candle's pools start; this runs before any tensor op.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+}
+
+/// A tensor with no elements of `shape` (some dimension 0) on `device`. Candle's CUDA backend cannot
+/// allocate zero bytes (`CUDA_ERROR_INVALID_VALUE`), so there it is a zero-length view of a
+/// one-element-deep buffer.
+pub fn empty_tensor(shape: &[usize], dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+    if device.is_cpu() {
+        return Tensor::zeros(shape, dtype, device);
+    }
+    let backing: Vec<usize> = shape.iter().map(|&d| d.max(1)).collect();
+    let mut t = Tensor::zeros(backing, dtype, device)?;
+    for (dim, &d) in shape.iter().enumerate() {
+        if d == 0 {
+            t = t.narrow(dim, 0, 0)?;
+        }
+    }
+    Ok(t)
 }

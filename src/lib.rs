@@ -1,6 +1,7 @@
 //! edgerun: perception and physics models at the edge, on Candle.
 pub mod annotate;
 pub mod config_check;
+pub mod cuda_arch;
 pub mod device;
 pub mod edges;
 pub mod fsutil;

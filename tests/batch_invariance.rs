@@ -1,7 +1,8 @@
 //! An image's result does not depend on the batch it is computed in: every model family gives
 //! bit-identical outputs for an image alone and inside a batch of three (with a different image
 //! beside it). The out-of-memory back-off and `--batch auto` change batch sizes at run time, and
-//! `annotate` promises the same bytes whether a run was interrupted, resumed or sharded.
+//! `annotate` promises the same bytes whether a run was interrupted, resumed or sharded. On the CPU
+//! only: on a GPU, cuBLAS and cuDNN choose kernels by shape, and the promise is the f32 bound.
 mod common;
 
 use candle_core::{DType, Tensor};
@@ -38,8 +39,15 @@ fn every_family_gives_the_same_bits_alone_and_in_a_batch() {
                 let a = alone.flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 let b = batched.get(1).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
                 assert_eq!(a.len(), b.len(), "{fixture} {h}×{w} {name}");
-                let differ = a.iter().zip(&b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-                assert_eq!(differ, 0, "{fixture} {h}×{w} `{name}`: {differ} of {} values differ between batch 1 and batch 3", a.len());
+                if dev.is_cpu() {
+                    let differ = a.iter().zip(&b).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+                    assert_eq!(differ, 0, "{fixture} {h}×{w} `{name}`: {differ} of {} values differ between batch 1 and batch 3", a.len());
+                } else {
+                    // cuBLAS / cuDNN pick their kernels by shape: the same values within the f32 bound.
+                    let scale = a.iter().fold(1f32, |m, v| m.max(v.abs()));
+                    let err = a.iter().zip(&b).fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+                    assert!(err <= 1e-4 * scale, "{fixture} {h}×{w} `{name}`: batch 1 and batch 3 differ by {err} (max |value| {scale})");
+                }
             }
         }
     }

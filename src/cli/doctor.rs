@@ -40,7 +40,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     outln!("cpu threads:   {} (candle), {} logical cores", utils::get_num_threads(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     outln!("cpu features:  avx={} neon={} simd128={} f16c={}", utils::with_avx(), utils::with_neon(), utils::with_simd128(), utils::with_f16c());
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
-    outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(_) => "available (device 0 opened)".into(), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
+    outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(d) => cuda_line(&d), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
     outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
     outln!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
     if let Some(dir) = a.models {
@@ -59,4 +59,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         anyhow::ensure!(failed == 0, "{failed} model(s) failed to load");
     }
     Ok(())
+}
+
+/// Device 0's capability against the one Candle's machine-code kernels were built for.
+fn cuda_line(device: &candle_core::Device) -> String {
+    use edgerun::cuda_arch;
+    let cap = cuda_arch::capability(device).map_or("unknown".into(), |(a, b)| format!("{a}.{b}"));
+    let built = cuda_arch::BUILT_FOR.unwrap_or("unknown");
+    let quantized = if cuda_arch::machine_code_runs_on(device) { "fast quantized kernels" } else { "quantized matmuls dequantize (kernels built for another GPU)" };
+    format!("available (device 0 opened, compute capability {cap}; kernels built for {built}: {quantized})")
 }

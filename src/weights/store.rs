@@ -470,6 +470,9 @@ impl WeightStore {
     pub fn tensor(&self, name: &str, dtype: DType, device: &Device) -> Result<Tensor> {
         let (entry, chunk) = self.resolve(name).ok_or_else(|| self.err(name, "not found"))?;
         let piece = self.piece(entry, chunk)?;
+        if piece.shape.contains(&0) {
+            return Ok(crate::device::empty_tensor(&piece.shape, dtype, device)?);
+        }
         let t = match entry.dtype.plain() {
             Some(stored) => self.plain_piece(entry, &piece, stored, device)?,
             None => self.quantized_piece(entry, &piece, &Device::Cpu, false)?.dequantize(device)?,
