@@ -144,6 +144,7 @@ impl PackedQ8 {
 
 /// Where one register tile writes: row-major output at `out` (row stride `ldo`), `cols` ≤ 32
 /// valid columns, each plus `bias`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Tile<'a> {
     out: *mut f32,
     ldo: usize,
@@ -177,9 +178,9 @@ fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
     let poison = x.iter().fold(0f32, |s, v| s + v * 0.0);
     let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        // `max` drops a NaN (to −127; the block's scale is NaN then), the integer sits in the low
-        // mantissa bits of `y`.
-        let y = (v * inv).max(-127.0).min(127.0) + ROUND;
+        // The integer sits in the low mantissa bits of `y` (a NaN gives some byte; the block's
+        // scale is NaN then).
+        let y = (v * inv).clamp(-127.0, 127.0) + ROUND;
         let r = (y.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
         *q = (r + 128) as u8;
     }
