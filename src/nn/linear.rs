@@ -13,8 +13,8 @@ enum Weight {
     Dense(Tensor),
     /// Block-quantized `[out, in]`.
     Quantized(QMatMul),
-    /// f16 `[out, in]` (a GGUF f16 matrix on the CPU), widened to f32 for each product: half the
-    /// memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
+    /// f16 `[out, in]` (an f16-stored matrix used in f32 on the CPU), widened to f32 for each
+    /// product: half the memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
     Half(Tensor),
     /// A Q8_0 matrix repacked for the int8 GEMM (CPUs with AVX-512 VNNI).
     Int8(std::sync::Arc<PackedQ8>),
@@ -51,6 +51,15 @@ fn dequantized_for(q: &QMatMul, x: &Tensor) -> candle_core::Result<Option<Tensor
         }
         _ => Ok(None),
     }
+}
+
+/// Whether `vb`'s `weight` is stored in f16 (GGUF or safetensors) and is to be used in f32 on the CPU,
+/// frozen: then it is held in f16 and widened per product ([`Weight::Half`]).
+fn stored_f16_for_f32_cpu(vb: &Vb) -> bool {
+    vb.device().is_cpu()
+        && vb.dtype() == DType::F32
+        && !vb.is_trainable("weight")
+        && vb.store().stored_dtype(&vb.path("weight")).and_then(|d| d.plain()) == Some(DType::F16)
 }
 
 /// The `[out]` bias under `vb` when the layer has one.
@@ -94,11 +103,6 @@ impl Linear {
                         format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
                     ));
                 }
-                if q.dtype() == GgmlDType::F16 && vb.device().is_cpu() {
-                    let w = q.dequantize_f16(vb.device())?;
-                    vb.store().release_pages();
-                    return Ok(Linear { weight: Weight::Half(w), bias: load_bias(vb, out_dim, bias)?, out_dim });
-                }
                 if q.dtype() == GgmlDType::Q8_0 && vb.device().is_cpu() && int8_gemm::available() {
                     if let Some(packed) = PackedQ8::from_q8_0(&q.data()?, out_dim, in_dim) {
                         vb.store().release_pages();
@@ -115,6 +119,11 @@ impl Linear {
                     vb.store().release_pages();
                 }
                 Weight::Quantized(q)
+            }
+            None if stored_f16_for_f32_cpu(vb) => {
+                let w = vb.with_dtype(DType::F16).get((out_dim, in_dim), "weight")?;
+                vb.store().release_pages();
+                Weight::Half(w)
             }
             None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
         };
@@ -231,5 +240,37 @@ impl Linear {
         let w = Tensor::cat(&ws, 0)?;
         let out_dim = w.dim(0)?;
         Ok(Some(Linear { out_dim, weight: if half { Weight::Half(w) } else { Weight::Dense(w) }, bias }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::WeightStore;
+    use candle_core::Device;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    /// An f16-stored weight used in f32 on the CPU is held in f16 and gives the f32 product of its
+    /// values (widening is exact); a trainable one is loaded dense.
+    #[test]
+    fn f16_stored_weights_stay_f16_on_the_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let cpu = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0, (8, 32), &cpu).unwrap().to_dtype(DType::F16).unwrap();
+        let b = Tensor::randn(0f32, 1.0, 8, &cpu).unwrap();
+        let tensors = HashMap::from([("l.weight".to_string(), w.clone()), ("l.bias".to_string(), b.clone())]);
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        let vb = Vb::new(Arc::new(WeightStore::open(&path).unwrap()), DType::F32, cpu.clone()).pp("l");
+        let lin = Linear::load(&vb, 32, 8, true).unwrap();
+        assert!(matches!(lin.weight, Weight::Half(_)));
+        let x = Tensor::randn(0f32, 1.0, (3, 32), &cpu).unwrap();
+        let want = x.matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap().broadcast_add(&b).unwrap();
+        let err = (lin.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(err < 1e-5, "{err}");
+        let trainable = crate::weights::Trainable::new(|_| true);
+        let lin = Linear::load(&vb.with_trainable(trainable), 32, 8, true).unwrap();
+        assert!(matches!(lin.weight, Weight::Dense(_)));
     }
 }

@@ -511,6 +511,11 @@ impl WeightStore {
         self.quantized_piece(entry, &piece, device, true).map(Some)
     }
 
+    /// The stored element type of `name` (a plain dtype or a GGML block type), if it exists.
+    pub fn stored_dtype(&self, name: &str) -> Option<StoredDType> {
+        self.resolve(name).map(|(entry, _)| entry.dtype)
+    }
+
     /// Takes every page of the weight files out of this process's resident memory. Nothing is
     /// lost: the files are mapped read-only and shared, so a mapped quantized weight that is read
     /// again faults its pages back in from the page cache. Call it after using mapped weights whose
