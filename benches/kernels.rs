@@ -46,7 +46,7 @@ fn gemm(c: &mut Criterion) {
             let packed = PackedQ8::from_q8_0(&q.data().unwrap(), out, k).unwrap();
             let xs = input.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let rows = input.dim(0).unwrap();
-            flops(c, "gemm_int8_q8_0", name, n, &mut || Tensor::from_vec(packed.matmul(&xs, rows, None), (rows, out), &Device::Cpu).unwrap());
+            flops(c, "gemm_int8_q8_0", name, n, &mut || Tensor::from_vec(packed.matmul(&xs, rows, None).unwrap(), (rows, out), &Device::Cpu).unwrap());
         }
     }
 }

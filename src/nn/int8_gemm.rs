@@ -102,11 +102,15 @@ impl PackedQ8 {
         self.k
     }
 
-    /// `x [m, k] → x Wᵀ + bias`, `[m, n]` row-major. Call only where [`available`] is true.
-    pub fn matmul(&self, x: &[f32], m: usize, bias: Option<&[f32]>) -> Vec<f32> {
-        assert!(available(), "the int8 GEMM needs AVX-512 VNNI");
-        assert_eq!(x.len(), m * self.k, "int8 GEMM: input is not m × k");
-        assert!(bias.is_none_or(|b| b.len() == self.n), "int8 GEMM: bias is not n long");
+    /// `x [m, k] → x Wᵀ + bias`, `[m, n]` row-major; an error where [`available`] is false or the
+    /// lengths do not fit.
+    pub fn matmul(&self, x: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
+        if !available() {
+            candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI");
+        }
+        if Some(x.len()) != m.checked_mul(self.k) || bias.is_some_and(|b| b.len() != self.n) {
+            candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), self.n);
+        }
         let (qa, da) = quantize_rows(x, m, self.k);
         let mut out = vec![0f32; m * self.n];
         let kb = self.k / BLOCK;
@@ -123,7 +127,7 @@ impl PackedQ8 {
             while r < rows.end {
                 let tile = TILE_ROWS.min(rows.end - r);
                 let tile_out = Tile { out: dst.at(r * self.n + p * PANEL), ldo: self.n, cols, bias };
-                // SAFETY: `available()` holds (asserted above); the activations of rows r..r+tile
+                // SAFETY: `available()` holds (checked above); the activations of rows r..r+tile
                 // and their scales are in bounds (`quantize_rows` made m × k and m × kb), and the
                 // tile writes rows r.. of columns p·32..p·32+cols, which no other unit writes.
                 unsafe {
@@ -138,7 +142,7 @@ impl PackedQ8 {
                 r += tile;
             }
         });
-        out
+        Ok(out)
     }
 }
 
@@ -318,7 +322,7 @@ mod tests {
             let x = input(m, k);
             let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.5 - 3.0).collect();
             for b in [None, Some(bias.as_slice())] {
-                let got = packed.matmul(&x, m, b);
+                let got = packed.matmul(&x, m, b).unwrap();
                 let want = reference(&x, &w, m, n, k, b);
                 for (g, w) in got.iter().zip(&want) {
                     assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "m={m} n={n} k={k}: {g} vs {w}");
@@ -336,7 +340,7 @@ mod tests {
         let (bytes, w) = q8_0_matrix(n, k);
         let packed = PackedQ8::from_q8_0(&bytes, n, k).expect("valid Q8_0");
         let x = input(m, k);
-        let got = packed.matmul(&x, m, None);
+        let got = packed.matmul(&x, m, None).unwrap();
         let mut max_err = 0f32;
         let mut max_ref = 0f32;
         for i in 0..m {
@@ -360,7 +364,8 @@ mod tests {
         let mut x = input(2, 32);
         x[5] = f32::NAN;
         x[40] = f32::INFINITY;
-        let got = packed.matmul(&x, 2, None);
+        let got = packed.matmul(&x, 2, None).unwrap();
+        assert!(packed.matmul(&x, 3, None).is_err());
         assert!(got.iter().all(|v| !v.is_finite()), "{got:?}");
     }
 

@@ -175,9 +175,6 @@ impl Linear {
 impl Linear {
     /// `x [rows, in] → [rows, out]`.
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
-        if let Weight::Int8(packed) = &self.weight {
-            return self.forward_int8(packed, x2);
-        }
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
             Weight::Half(w) if x2.dtype() == DType::F32 => match half_matmul(x2, w)? {
@@ -194,7 +191,7 @@ impl Linear {
                 };
                 if dt == DType::F32 { y } else { y.to_dtype(dt)? }
             }
-            Weight::Int8(_) => unreachable!("handled above"),
+            Weight::Int8(packed) => return self.forward_int8(packed, x2),
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
@@ -207,13 +204,16 @@ impl Linear {
     fn forward_int8(&self, packed: &PackedQ8, x2: &Tensor) -> candle_core::Result<Tensor> {
         let dt = x2.dtype();
         let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
-        let rows = x32.dim(0)?;
+        let (rows, in_dim) = x32.dims2()?;
+        if in_dim != packed.k() {
+            candle_core::bail!("linear: input has {in_dim} features, the weight expects {}", packed.k());
+        }
         let frozen_bias = match &self.bias {
             Some(b) if !b.track_op() => super::cpu_slice::with_contiguous(b, |b: &[f32]| b.to_vec())?,
             _ => None,
         };
         let product = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| packed.matmul(x, rows, frozen_bias.as_deref()))?;
-        let Some(out) = product else { candle_core::bail!("linear: the int8 GEMM needs an f32 CPU input") };
+        let Some(out) = product.transpose()? else { candle_core::bail!("linear: the int8 GEMM needs an f32 CPU input") };
         let y = Tensor::from_vec(out, (rows, self.out_dim), x2.device())?;
         let y = if dt == DType::F32 { y } else { y.to_dtype(dt)? };
         match &self.bias {
