@@ -11,7 +11,7 @@ use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
 use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
-use edgerun::nn::int8_gemm::{self, PackedQ8};
+use edgerun::nn::int8_gemm::{self, Kernel, PackedQ8};
 use edgerun::nn::linear::Linear;
 
 fn randn(shape: &[usize]) -> Tensor {
@@ -46,7 +46,10 @@ fn gemm(c: &mut Criterion) {
             let packed = PackedQ8::from_q8_0(&q.data().unwrap(), out, k).unwrap();
             let xs = input.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let rows = input.dim(0).unwrap();
-            flops(c, "gemm_int8_q8_0", name, n, &mut || Tensor::from_vec(packed.matmul(&xs, rows, None).unwrap(), (rows, out), &Device::Cpu).unwrap());
+            for kernel in [Kernel::Avx512Vnni, Kernel::AvxVnni].into_iter().filter(|k| k.runs_here()) {
+                let group = format!("gemm_int8_q8_0_{kernel:?}").to_lowercase();
+                flops(c, &group, name, n, &mut || Tensor::from_vec(packed.matmul_with(kernel, &xs, rows, None).unwrap(), (rows, out), &Device::Cpu).unwrap());
+            }
         }
     }
 }

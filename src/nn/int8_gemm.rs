@@ -1,6 +1,7 @@
-//! Int8 GEMM for Q8_0 weights on x86-64 CPUs with AVX-512 VNNI: `y = x Wᵀ (+ b)` where `x`'s rows
-//! are quantized on the fly in blocks of 32 (one f32 scale per block, as Q8_0) and each block's
-//! 32 products are summed in int32 by `vpdpbusd`, 16 output columns at a time, then scaled into f32.
+//! Int8 GEMM for Q8_0 weights on x86-64 CPUs with AVX-512 VNNI or AVX-VNNI: `y = x Wᵀ (+ b)` where
+//! `x`'s rows are quantized on the fly in blocks of 32 (one f32 scale per block, as Q8_0) and each block's
+//! 32 products are summed in int32 by `vpdpbusd`, 16 (AVX-512) or 8 output columns at a time, then
+//! scaled into f32.
 //! The weights are repacked once at load into 32-column panels.
 use rayon::prelude::*;
 
@@ -8,8 +9,10 @@ use rayon::prelude::*;
 pub const BLOCK: usize = 32;
 /// Output columns per weight panel (two 16-lane registers).
 const PANEL: usize = 32;
-/// Activation rows per register tile.
+/// Activation rows per register tile (AVX-512).
 const TILE_ROWS: usize = 4;
+/// Activation rows per register tile (AVX-VNNI: 16 registers of 256 bits).
+const TILE_ROWS_256: usize = 3;
 /// Activation rows per parallel task (its quantized rows and one weight panel stay in L2).
 const TASK_ROWS: usize = 64;
 /// Bytes of one Q8_0 block in a GGUF tensor: an f16 scale and 32 signed bytes.
@@ -42,22 +45,62 @@ impl std::fmt::Debug for PackedQ8 {
     }
 }
 
-/// Whether this CPU runs the int8 kernel (AVX-512 F, BW and VNNI).
+/// The int8 kernels, by instruction set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512 VNNI: 4 rows × 32 columns per register tile.
+    Avx512Vnni,
+    /// AVX-VNNI (the 256-bit VEX form: Alder Lake and later laptops without AVX-512): 3 rows × 16
+    /// columns per register tile.
+    AvxVnni,
+}
+
+impl Kernel {
+    /// The kernel this CPU runs best, if any (`EDGERUN_NO_INT8=1`: none).
+    pub fn detect() -> Option<Kernel> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            static KERNEL: std::sync::OnceLock<Option<Kernel>> = std::sync::OnceLock::new();
+            *KERNEL.get_or_init(|| {
+                if std::env::var_os("EDGERUN_NO_INT8").is_some() {
+                    None
+                } else if Kernel::Avx512Vnni.runs_here() {
+                    Some(Kernel::Avx512Vnni)
+                } else if Kernel::AvxVnni.runs_here() {
+                    Some(Kernel::AvxVnni)
+                } else {
+                    None
+                }
+            })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
+    }
+
+    /// Whether this CPU has the kernel's instructions.
+    pub fn runs_here(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            match self {
+                Kernel::Avx512Vnni => {
+                    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni")
+                }
+                Kernel::AvxVnni => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("avxvnni"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = self;
+            false
+        }
+    }
+}
+
+/// Whether this CPU runs an int8 kernel (AVX-512 VNNI or AVX-VNNI).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            std::env::var_os("EDGERUN_NO_INT8").is_none()
-                && is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vnni")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Kernel::detect().is_some()
 }
 
 impl PackedQ8 {
@@ -102,11 +145,19 @@ impl PackedQ8 {
         self.k
     }
 
-    /// `x [m, k] → x Wᵀ + bias`, `[m, n]` row-major; an error where [`available`] is false or the
-    /// lengths do not fit.
+    /// `x [m, k] → x Wᵀ + bias`, `[m, n]` row-major, with [`Kernel::detect`]'s kernel; an error where
+    /// there is none or the lengths do not fit.
     pub fn matmul(&self, x: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
-        if !available() {
-            candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI");
+        match Kernel::detect() {
+            Some(kernel) => self.matmul_with(kernel, x, m, bias),
+            None => candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI or AVX-VNNI"),
+        }
+    }
+
+    /// [`Self::matmul`] with a given kernel (an error where this CPU lacks it).
+    pub fn matmul_with(&self, kernel: Kernel, x: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
+        if !kernel.runs_here() {
+            candle_core::bail!("this CPU cannot run the {kernel:?} int8 kernel");
         }
         if Some(x.len()) != m.checked_mul(self.k) || bias.is_some_and(|b| b.len() != self.n) {
             candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), self.n);
@@ -123,20 +174,24 @@ impl PackedQ8 {
             let cols = PANEL.min(self.n - p * PANEL);
             let bias = bias.map(|b| &b[p * PANEL..][..cols]);
             let rows = (chunk * TASK_ROWS)..m.min((chunk + 1) * TASK_ROWS);
+            let step = if kernel == Kernel::Avx512Vnni { TILE_ROWS } else { TILE_ROWS_256 };
             let mut r = rows.start;
             while r < rows.end {
-                let tile = TILE_ROWS.min(rows.end - r);
+                let tile = step.min(rows.end - r);
                 let tile_out = Tile { out: dst.at(r * self.n + p * PANEL), ldo: self.n, cols, bias };
-                // SAFETY: `available()` holds (checked above); the activations of rows r..r+tile
+                // SAFETY: the CPU runs `kernel` (checked above); the activations of rows r..r+tile
                 // and their scales are in bounds (`quantize_rows` made m × k and m × kb), and the
                 // tile writes rows r.. of columns p·32..p·32+cols, which no other unit writes.
                 unsafe {
                     let (a, d) = (&qa[r * self.k..], &da[r * kb..]);
-                    match tile {
-                        4 => vnni::tile::<4>(panel, a, d, self.k, tile_out),
-                        3 => vnni::tile::<3>(panel, a, d, self.k, tile_out),
-                        2 => vnni::tile::<2>(panel, a, d, self.k, tile_out),
-                        _ => vnni::tile::<1>(panel, a, d, self.k, tile_out),
+                    match (kernel, tile) {
+                        (Kernel::Avx512Vnni, 4) => vnni::tile::<4>(panel, a, d, self.k, tile_out),
+                        (Kernel::Avx512Vnni, 3) => vnni::tile::<3>(panel, a, d, self.k, tile_out),
+                        (Kernel::Avx512Vnni, 2) => vnni::tile::<2>(panel, a, d, self.k, tile_out),
+                        (Kernel::Avx512Vnni, _) => vnni::tile::<1>(panel, a, d, self.k, tile_out),
+                        (Kernel::AvxVnni, 3) => vnni::tile256::<3>(panel, a, d, self.k, tile_out),
+                        (Kernel::AvxVnni, 2) => vnni::tile256::<2>(panel, a, d, self.k, tile_out),
+                        (Kernel::AvxVnni, _) => vnni::tile256::<1>(panel, a, d, self.k, tile_out),
                     }
                 }
                 r += tile;
@@ -256,6 +311,56 @@ mod vnni {
             }
         }
     }
+
+    /// [`tile`] with AVX-VNNI's 256-bit registers: each 16-column half of the panel in turn
+    /// (2 × 8 lanes; 3 rows use 6 int32 and 6 f32 of the 16 registers).
+    ///
+    /// # Safety
+    /// As [`tile`], with AVX2, FMA and AVX-VNNI instead of AVX-512.
+    #[target_feature(enable = "avx2,fma,avxvnni")]
+    pub(super) unsafe fn tile256<const R: usize>(panel: &[PanelBlock], a: &[u8], d: &[f32], k: usize, t: Tile) {
+        let kb = k / BLOCK;
+        for half in 0..2 {
+            let start = half * 16;
+            if t.cols <= start {
+                break;
+            }
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for (b, blk) in panel.iter().enumerate().take(kb) {
+                let off0 = _mm256_loadu_si256(blk.offset.as_ptr().add(start).cast());
+                let off1 = _mm256_loadu_si256(blk.offset.as_ptr().add(start + 8).cast());
+                let mut sums = [[off0, off1]; R];
+                for g in 0..BLOCK / 4 {
+                    let w0 = _mm256_loadu_si256(blk.qs.as_ptr().add(g * PANEL * 4 + start * 4).cast());
+                    let w1 = _mm256_loadu_si256(blk.qs.as_ptr().add(g * PANEL * 4 + start * 4 + 32).cast());
+                    for (r, s) in sums.iter_mut().enumerate() {
+                        let four = std::ptr::read_unaligned(a.as_ptr().add(r * k + b * BLOCK + g * 4).cast::<i32>());
+                        let x = _mm256_set1_epi32(four);
+                        s[0] = _mm256_dpbusd_avx_epi32(s[0], x, w0);
+                        s[1] = _mm256_dpbusd_avx_epi32(s[1], x, w1);
+                    }
+                }
+                let s0 = _mm256_loadu_ps(blk.scale.as_ptr().add(start));
+                let s1 = _mm256_loadu_ps(blk.scale.as_ptr().add(start + 8));
+                for (r, (acc, s)) in acc.iter_mut().zip(&sums).enumerate() {
+                    let da = _mm256_set1_ps(*d.get_unchecked(r * kb + b));
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[0]), _mm256_mul_ps(s0, da), acc[0]);
+                    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[1]), _mm256_mul_ps(s1, da), acc[1]);
+                }
+            }
+            for (part, col0) in [start, start + 8].into_iter().enumerate() {
+                let valid = t.cols.saturating_sub(col0).min(8);
+                for (r, acc) in acc.iter().enumerate() {
+                    let mut lanes = [0f32; 8];
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[part]);
+                    let dst = t.out.add(r * t.ldo + col0);
+                    for (i, v) in lanes.iter().enumerate().take(valid) {
+                        *dst.add(i) = v + t.bias.map_or(0.0, |b| b[col0 + i]);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -263,6 +368,10 @@ mod vnni {
     use super::{PanelBlock, Tile};
     /// Never called: [`super::available`] is false off x86-64.
     pub(super) unsafe fn tile<const R: usize>(_: &[PanelBlock], _: &[u8], _: &[f32], _: usize, _: Tile) {
+        unreachable!("the int8 GEMM runs on x86-64 only")
+    }
+    /// Never called: [`super::available`] is false off x86-64.
+    pub(super) unsafe fn tile256<const R: usize>(_: &[PanelBlock], _: &[u8], _: &[f32], _: usize, _: Tile) {
         unreachable!("the int8 GEMM runs on x86-64 only")
     }
 }
@@ -315,17 +424,20 @@ mod tests {
         if !available() {
             return;
         }
-        // Partial panels (n = 40, 16, 7), partial row tiles (m = 1, 3, 70) and a multi-chunk m.
+        // Partial panels and halves (n = 40, 16, 7), partial row tiles (m = 1, 3, 70), a multi-chunk m;
+        // every kernel this CPU has.
         for &(m, n, k) in &[(1, 16, 32), (3, 40, 64), (70, 7, 96), (130, 64, 384)] {
             let (bytes, w) = q8_0_matrix(n, k);
             let packed = PackedQ8::from_q8_0(&bytes, n, k).expect("valid Q8_0");
             let x = input(m, k);
             let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.5 - 3.0).collect();
-            for b in [None, Some(bias.as_slice())] {
-                let got = packed.matmul(&x, m, b).unwrap();
-                let want = reference(&x, &w, m, n, k, b);
-                for (g, w) in got.iter().zip(&want) {
-                    assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "m={m} n={n} k={k}: {g} vs {w}");
+            for kernel in [Kernel::Avx512Vnni, Kernel::AvxVnni].into_iter().filter(|k| k.runs_here()) {
+                for b in [None, Some(bias.as_slice())] {
+                    let got = packed.matmul_with(kernel, &x, m, b).unwrap();
+                    let want = reference(&x, &w, m, n, k, b);
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{kernel:?} m={m} n={n} k={k}: {g} vs {w}");
+                    }
                 }
             }
         }
