@@ -92,7 +92,7 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -
     let convolve = |xs: &[f32]| -> Vec<f32> {
         let mut out = vec![0f32; b * o * oh * ow];
         for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
-            let dst = SharedOut(dst.as_mut_ptr());
+            let dst = super::cpu_slice::SharedOut(dst.as_mut_ptr());
             let run = |si: usize, par: gemm::Parallelism| {
                 let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
                 COLUMNS.with(|cols| {
@@ -147,19 +147,6 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -
     match super::cpu_slice::with_contiguous(x, convolve)? {
         Some(out) => Tensor::from_vec(out, (b, o, oh, ow), x.device()),
         None => candle_core::bail!("conv2d: the fast path needs an f32 CPU input"),
-    }
-}
-
-/// The output buffer of one image, written by stripes in parallel at disjoint rows.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: the stripes write disjoint elements (see `stripe_gemm_conv`), and the buffer outlives them.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    /// The pointer `offset` elements in.
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
     }
 }
 

@@ -167,7 +167,7 @@ impl PackedQ8 {
         let kb = self.k / BLOCK;
         let panels = self.n.div_ceil(PANEL);
         let chunks = m.div_ceil(TASK_ROWS);
-        let dst = SharedOut(out.as_mut_ptr());
+        let dst = super::cpu_slice::SharedOut(out.as_mut_ptr());
         (0..chunks * panels).into_par_iter().for_each(|unit| {
             let (chunk, p) = (unit / panels, unit % panels);
             let panel = &self.blocks[p * kb..][..kb];
@@ -244,19 +244,6 @@ fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
         *q = (r + 128) as u8;
     }
     amax / 127.0 + poison
-}
-
-/// The output buffer, written by tasks at disjoint elements.
-#[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: every unit writes its own rows × panel columns (see `matmul`); the buffer outlives them.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
-impl SharedOut {
-    /// The pointer `offset` elements in.
-    fn at(self, offset: usize) -> *mut f32 {
-        self.0.wrapping_add(offset)
-    }
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -77,7 +77,10 @@ fn half_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Tensor>> {
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let (rows, (n, k)) = (x.dim(0)?, w.dims2()?);
+    let ((rows, in_dim), (n, k)) = (x.dims2()?, w.dims2()?);
+    if in_dim != k {
+        candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
+    }
     let product = |xs: &[f32], ws: &[half::f16], wide: &mut Vec<f32>| {
         wide.clear();
         wide.resize(n * k, 0.0);

@@ -1,4 +1,5 @@
 """Shared helpers for side-by-side benchmarks: edgerun vs PyTorch vs ONNX Runtime on the same weights."""
+import datetime
 import json
 import os
 import resource
@@ -79,3 +80,25 @@ def peak_rss_mib() -> float:
 
 def threads() -> int:
     return int(os.environ.get("BENCH_THREADS", str(os.cpu_count() or 1)))
+
+
+def write_table(path: str, title: str, script: str, about: str, rounds: int, repeat: int, error: str,
+                columns: list[str], rows: list[str]) -> None:
+    """Writes a results file: the heading, how it was made (this run's arguments, `about` the machine),
+    the timing and error conventions, and the Markdown table of `columns` and `rows`."""
+    import sys
+
+    head = [
+        f"# {title}",
+        "",
+        f"Written by `tools/bench/{script}` on {datetime.date.today()} ({' '.join(sys.argv[1:]) or 'defaults'}).",
+        about,
+        f"Medians over {rounds} rounds × {repeat} forward passes per engine, engines alternating; load excluded.",
+        error,
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(head + rows) + "\n")
+    print(f"wrote {path}")

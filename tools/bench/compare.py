@@ -17,7 +17,6 @@ on the CPU), q8_0, q4k. L-GATr is also timed under
 `torch.compile`.
 """
 import argparse
-import datetime
 import importlib.util
 import json
 import os
@@ -32,7 +31,7 @@ from safetensors.torch import load_file, save_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import export_onnx, median, threads, time_onnx_session, time_torch  # noqa: E402
+from common import export_onnx, median, threads, time_onnx_session, time_torch, write_table  # noqa: E402
 
 
 def fixtures_common():
@@ -261,21 +260,10 @@ def main():
 
 
 def write_results(a, lines):
-    head = [
-        "# Side-by-side CPU results",
-        "",
-        f"Written by `tools/bench/compare.py` on {datetime.date.today()} ({' '.join(sys.argv[1:]) or 'defaults'}).",
-        f"Machine: {machine()}.",
-        f"Medians over {a.rounds} rounds × {a.repeat} forward passes per engine, engines alternating; load excluded.",
-        "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch|) over the outputs.",
-        "",
-        "| model @ input | edgerun | PyTorch ms | ORT ms | edgerun ms | edgerun / ORT | edgerun / PyTorch | edgerun GFLOP/s | edgerun peak RSS MiB | error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    with open(a.results, "w") as f:
-        f.write("\n".join(head + lines) + "\n")
-    print(f"wrote {a.results}")
-
+    write_table(a.results, "Side-by-side CPU results", "compare.py", f"Machine: {machine()}.", a.rounds, a.repeat,
+                "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch|) over the outputs.",
+                ["model @ input", "edgerun", "PyTorch ms", "ORT ms", "edgerun ms", "edgerun / ORT", "edgerun / PyTorch",
+                 "edgerun GFLOP/s", "edgerun peak RSS MiB", "error"], lines)
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ synchronises the device around each pass). Error: max |edgerun − PyTorch f32| 
 """
 import argparse
 import copy
-import datetime
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from safetensors.torch import load_file, save_file
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compare  # noqa: E402
-from common import median  # noqa: E402
+from common import median, write_table  # noqa: E402
 
 HUB_ROWS = ("da2s", "segformer", "chmv2")
 
@@ -120,21 +119,11 @@ def main():
             print(f"== {name}: skipped, {e}", flush=True)
             lines.append(f"| {name} | skipped: {e} | | | | | | |")
     gpu = torch.cuda.get_device_name(0)
-    head = [
-        "# Side-by-side CUDA results",
-        "",
-        f"Written by `tools/bench/compare_cuda.py` on {datetime.date.today()} ({' '.join(sys.argv[1:]) or 'defaults'}).",
-        f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); TF32 off for PyTorch f32.",
-        f"Medians over {a.rounds} rounds × {a.repeat} forward passes per engine, engines alternating; load excluded.",
-        "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch f32|).",
-        "",
-        "| model @ input | edgerun | PyTorch f32 ms | PyTorch bf16 ms | edgerun ms | edgerun / PyTorch f32 | edgerun / PyTorch bf16 | error |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    with open(a.results, "w") as f:
-        f.write("\n".join(head + lines) + "\n")
-    print(f"wrote {a.results}")
-
+    write_table(a.results, "Side-by-side CUDA results", "compare_cuda.py",
+                f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}); TF32 off for PyTorch f32.",
+                a.rounds, a.repeat, "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch f32|).",
+                ["model @ input", "edgerun", "PyTorch f32 ms", "PyTorch bf16 ms", "edgerun ms", "edgerun / PyTorch f32",
+                 "edgerun / PyTorch bf16", "error"], lines)
 
 if __name__ == "__main__":
     main()
