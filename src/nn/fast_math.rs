@@ -4,6 +4,43 @@
 //! MLP at 1370 tokens); these run in parallel chunks at a fraction of that.
 use rayon::prelude::*;
 
+/// Defines a function whose body is compiled three times (AVX-512; AVX2 + FMA; the baseline) and
+/// runs the widest form the CPU has, chosen at run time. The body is an `inline(always)` function
+/// called from `target_feature` wrappers, so it is always compiled with their vector width (a
+/// closure passed to such a wrapper may stay a separate baseline-SSE function: the softmax ran
+/// 4-wide that way, 10 % of a DA-V2-Small forward).
+macro_rules! simd_fn {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) -> $ret {
+            #[inline(always)]
+            fn body($($arg: $ty),*) -> $ret $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    #[target_feature(enable = "avx512f,avx2,fma")]
+                    unsafe fn wide($($arg: $ty),*) -> $ret {
+                        body($($arg),*)
+                    }
+                    // SAFETY: the feature was just detected (AVX-512F implies AVX2 and FMA).
+                    return unsafe { wide($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    #[target_feature(enable = "avx2,fma")]
+                    unsafe fn wide($($arg: $ty),*) -> $ret {
+                        body($($arg),*)
+                    }
+                    // SAFETY: the features were just detected.
+                    return unsafe { wide($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+pub(crate) use simd_fn;
+
+
 /// Elements per parallel chunk of an elementwise pass.
 const CHUNK: usize = 1 << 14;
 
@@ -57,22 +94,29 @@ pub fn gelu_erf(x: f32) -> f32 {
 
 /// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).
 pub fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
-    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| {
-        vectorised(|| d.iter_mut().zip(s).for_each(|(d, &x)| *d = gelu_erf(x)))
-    });
+    dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| gelu_erf_into(s, d));
 }
 
-/// Applies [`gelu_erf`] to every element of `data`, on this thread.
-pub fn gelu_erf_in_place(data: &mut [f32]) {
-    vectorised(|| data.iter_mut().for_each(|x| *x = gelu_erf(*x)))
+simd_fn! {
+    /// `dst[i] = gelu_erf(src[i])` on this thread.
+    fn gelu_erf_into(src: &[f32], dst: &mut [f32]) -> () {
+        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = gelu_erf(x))
+    }
 }
 
-/// Replaces `row` by `exp((row − max) · scale)` and returns the sum (the softmax's numerator).
-pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
-    vectorised(|| {
+simd_fn! {
+    /// Applies [`gelu_erf`] to every element of `data`, on this thread.
+    pub fn gelu_erf_in_place(data: &mut [f32]) -> () {
+        data.iter_mut().for_each(|x| *x = gelu_erf(*x))
+    }
+}
+
+simd_fn! {
+    /// Replaces `row` by `exp((row − max) · scale)` and returns the sum (the softmax's numerator).
+    pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
         let shift = row_max(row) * scale;
-        let mut acc = [0f32; 8];
-        let mut chunks = row.chunks_exact_mut(8);
+        let mut acc = [0f32; 16];
+        let mut chunks = row.chunks_exact_mut(16);
         for c in &mut chunks {
             for (x, a) in c.iter_mut().zip(acc.iter_mut()) {
                 *x = exp_nonpositive(*x * scale - shift);
@@ -85,38 +129,13 @@ pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
             sum += *x;
         }
         sum
-    })
-}
-
-/// Runs `f` compiled for AVX-512 or AVX2 + FMA when the CPU has them (`f` is inlined into the
-/// wrapper that carries the target features), as it is otherwise.
-#[inline(always)]
-pub(crate) fn vectorised<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        #[target_feature(enable = "avx512f,avx2,fma")]
-        unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the feature was just detected (AVX-512F implies AVX2 and FMA).
-        return unsafe { avx512(f) };
     }
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
-            f()
-        }
-        // SAFETY: the features were just detected.
-        return unsafe { avx2(f) };
-    }
-    f()
 }
 
 #[inline(always)]
 fn row_max(row: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let mut chunks = row.chunks_exact(16);
     for c in &mut chunks {
         for (x, a) in c.iter().zip(acc.iter_mut()) {
             *a = if *x > *a { *x } else { *a };

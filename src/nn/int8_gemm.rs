@@ -219,13 +219,18 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
     let mut q = vec![0u8; m * k];
     let mut d = vec![0f32; m * kb];
     q.par_chunks_mut(k).zip(d.par_chunks_mut(kb)).zip(x.par_chunks(k)).for_each(|((q, d), x)| {
-        super::fast_math::vectorised(|| {
-            for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d.iter_mut()).zip(x.chunks_exact(BLOCK)) {
-                *d = quantize_block(x, q);
-            }
-        })
+        quantize_row(x, q, d)
     });
     (q, d)
+}
+
+super::fast_math::simd_fn! {
+    /// One row of [`quantize_rows`].
+    fn quantize_row(x: &[f32], q: &mut [u8], d: &mut [f32]) -> () {
+        for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d.iter_mut()).zip(x.chunks_exact(BLOCK)) {
+            *d = quantize_block(x, q);
+        }
+    }
 }
 
 /// One block of [`quantize_rows`]; returns its scale. Branch-free so that it vectorises.
