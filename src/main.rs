@@ -26,6 +26,8 @@ fn install_panic_hook() {
 }
 
 fn main() -> ExitCode {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    alloc::keep_freed_blocks_in_glibc_heap();
     install_panic_hook();
     let args = match cli::parse() {
         cli::Parsed::Run(args) => args,

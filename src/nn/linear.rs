@@ -67,49 +67,94 @@ fn load_bias(vb: &Vb, out_dim: usize, bias: bool) -> Result<Option<Tensor>> {
     Ok(if bias { Some(vb.get(out_dim, "bias")?) } else { None })
 }
 
-/// `x [rows, k] · wᵀ` for an f16 CPU weight `w [n, k]`, computed in f32: the weight is widened by
-/// `half`'s vectorised (F16C / NEON) conversion, in parallel chunks, into a per-thread buffer that is
-/// reused across products (a fresh buffer each time cost page faults: DA-V2-S f16 was 7 % slower than
-/// f32), then one GEMM. `None` when `x` is not f32 on the CPU.
-fn half_matmul(x: &Tensor, w: &Tensor) -> candle_core::Result<Option<Tensor>> {
+/// The bias's elements when the product can add it in the GEMM: an f32 CPU bias that records no
+/// gradient (`Some(None)`: no bias); `None` when it must be added by a Candle op.
+fn frozen_bias(bias: Option<&Tensor>) -> candle_core::Result<Option<Option<Vec<f32>>>> {
+    match bias {
+        None => Ok(Some(None)),
+        Some(b) if b.track_op() => Ok(None),
+        Some(b) => Ok(super::cpu_slice::with_contiguous(b, |b: &[f32]| b.to_vec())?.map(Some)),
+    }
+}
+
+/// `x [rows, k] · wᵀ + bias` for row-major f32 `x` and `w [n, k]`: the output starts as the bias
+/// rows and the GEMM accumulates into it, so the bias costs no pass of its own (and the output no
+/// zero-fill).
+fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out: Vec<f32> = Vec::with_capacity(rows * n);
+    match bias {
+        Some(b) => out.spare_capacity_mut().par_chunks_mut(n).for_each(|row| {
+            row.iter_mut().zip(b).for_each(|(o, &v)| {
+                o.write(v);
+            })
+        }),
+        None => out.spare_capacity_mut().par_chunks_mut(1 << 16).for_each(|c| {
+            c.iter_mut().for_each(|o| {
+                o.write(0.0);
+            })
+        }),
+    }
+    // SAFETY: every one of the `rows · n` elements was just written.
+    unsafe { out.set_len(rows * n) };
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: lhs is `x` (rows × k, row-major), rhs `wᵀ` read from `w` (n × k, row-major: element
+    // (p, j) at j·k + p), dst the rows × n output; all three are in bounds (checked by the caller).
+    unsafe {
+        gemm::gemm(
+            rows, n, k,
+            out.as_mut_ptr(), 1, n as isize, bias.is_some(),
+            xs.as_ptr(), 1, k as isize,
+            ws.as_ptr(), k as isize, 1,
+            1.0, 1.0, false, false, false, par,
+        );
+    }
+    out
+}
+
+/// `x [rows, k] · wᵀ + bias` computed in f32 on the CPU outside Candle's ops, for a weight `w
+/// [n, k]` stored in f32 or f16 (widened by `half`'s vectorised F16C / NEON conversion, in parallel
+/// chunks, into a per-thread buffer reused across products: a fresh buffer each time cost page
+/// faults, DA-V2-S f16 7 % slower than f32). `None` when `x`, `w` or the bias is not on the CPU,
+/// has another dtype or records a gradient: then Candle's ops run.
+fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() || w.track_op() {
+        return Ok(None);
+    }
+    let Some(bias) = frozen_bias(bias)? else { return Ok(None) };
     let ((rows, in_dim), (n, k)) = (x.dims2()?, w.dims2()?);
     if in_dim != k {
         candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
     }
-    let product = |xs: &[f32], ws: &[half::f16], wide: &mut Vec<f32>| {
-        wide.clear();
-        wide.resize(n * k, 0.0);
-        wide.par_chunks_mut(1 << 16).zip(ws.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
-        let mut out = vec![0f32; rows * n];
-        let threads = rayon::current_num_threads();
-        let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-        // SAFETY: lhs is `x` (rows × k, row-major), rhs `wᵀ` read from the widened `w` (n × k,
-        // row-major: element (p, j) at j·k + p), dst the rows × n output; all three are in bounds.
-        unsafe {
-            gemm::gemm(
-                rows, n, k,
-                out.as_mut_ptr(), 1, n as isize, false,
-                xs.as_ptr(), 1, k as isize,
-                wide.as_ptr(), k as isize, 1,
-                0.0, 1.0, false, false, false, par,
-            );
+    let out = match w.dtype() {
+        DType::F32 => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xwt_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+        })?,
+        DType::F16 => {
+            let widened = |xs: &[f32], ws: &[half::f16], wide: &mut Vec<f32>| {
+                wide.clear();
+                wide.resize(n * k, 0.0);
+                wide.par_chunks_mut(1 << 16).zip(ws.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
+                xwt_plus_bias(xs, rows, k, wide, n, bias.as_deref())
+            };
+            super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
+                super::cpu_slice::with_contiguous(x, |xs: &[f32]| {
+                    WIDENED.with(|cell| match cell.try_borrow_mut() {
+                        Ok(mut wide) => widened(xs, ws, &mut wide),
+                        // Re-entered from a task this thread ran while waiting: a buffer of its own.
+                        Err(_) => widened(xs, ws, &mut Vec::new()),
+                    })
+                })
+            })?
         }
-        out
+        _ => return Ok(None),
     };
-    let out = super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
-        super::cpu_slice::with_contiguous(x, |xs: &[f32]| {
-            WIDENED.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut wide) => product(xs, ws, &mut wide),
-                // Re-entered from a task this thread ran while waiting: a buffer of its own.
-                Err(_) => product(xs, ws, &mut Vec::new()),
-            })
-        })
-    })?;
     match out.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (rows, n), x.device())?)),
         None => Ok(None),
@@ -178,12 +223,13 @@ impl Linear {
 impl Linear {
     /// `x [rows, in] → [rows, out]`.
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
+        if let Weight::Dense(w) | Weight::Half(w) = &self.weight {
+            if let Some(y) = cpu_f32_product(x2, w, self.bias.as_ref())? {
+                return Ok(y);
+            }
+        }
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
-            Weight::Half(w) if x2.dtype() == DType::F32 => match half_matmul(x2, w)? {
-                Some(y) => y,
-                None => x2.matmul(&w.to_dtype(DType::F32)?.t()?)?,
-            },
             Weight::Half(w) => x2.matmul(&w.to_dtype(x2.dtype())?.t()?)?,
             Weight::Quantized(q) => {
                 let dt = x2.dtype();
@@ -211,10 +257,7 @@ impl Linear {
         if in_dim != packed.k() {
             candle_core::bail!("linear: input has {in_dim} features, the weight expects {}", packed.k());
         }
-        let frozen_bias = match &self.bias {
-            Some(b) if !b.track_op() => super::cpu_slice::with_contiguous(b, |b: &[f32]| b.to_vec())?,
-            _ => None,
-        };
+        let frozen_bias = frozen_bias(self.bias.as_ref())?.flatten();
         let product = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| packed.matmul(x, rows, frozen_bias.as_deref()))?;
         let Some(out) = product.transpose()? else { candle_core::bail!("linear: the int8 GEMM needs an f32 CPU input") };
         let y = Tensor::from_vec(out, (rows, self.out_dim), x2.device())?;
