@@ -5,10 +5,11 @@
 //! Whole models side by side with PyTorch and ONNX Runtime: `tools/bench/compare.py`.
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, ConvTranspose2dConfig, LayerNorm};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
+use edgerun::nn::conv_transpose::ConvTranspose2d;
 use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
 use edgerun::nn::int8_gemm::{self, Kernel, PackedQ8};
@@ -54,7 +55,8 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-/// 3×3 convs of the DPT head and fusion: edgerun's stripe GEMM against Candle's conv2d; and 1×1.
+/// 3×3 convs of the DPT head and fusion: edgerun's (the direct kernel on AVX-512, else the stripe
+/// GEMM) against Candle's conv2d; 1×1; the reassemble ×4 transposed conv.
 fn convs(c: &mut Criterion) {
     for (ch, hw) in [(32usize, 518usize), (64, 296), (64, 74)] {
         let x = randn(&[1, ch, hw, hw]);
@@ -71,7 +73,8 @@ fn convs(c: &mut Criterion) {
     // Reassemble ×4: a stride-4 transposed conv on the 48-channel map.
     let x = randn(&[1, 48, 37, 37]);
     let tconv = ConvTranspose2d::new(randn(&[48, 48, 4, 4]), Some(randn(&[48])), ConvTranspose2dConfig { stride: 4, ..Default::default() });
-    flops(c, "conv_transpose", "48ch_37_x4", (2 * 148 * 148 * 48 * 48) as u64, &mut || tconv.forward(&x).unwrap());
+    flops(c, "conv_transpose_edgerun", "48ch_37_x4", (2 * 148 * 148 * 48 * 48) as u64, &mut || tconv.forward(&x).unwrap());
+    flops(c, "conv_transpose_candle", "48ch_37_x4", (2 * 148 * 148 * 48 * 48) as u64, &mut || tconv.forward_candle(&x).unwrap());
 }
 
 /// SegFormer-B0's Mix-FFN depthwise 3×3 convs at its four stage shapes (512² input): edgerun's

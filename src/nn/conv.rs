@@ -6,6 +6,9 @@ use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Conv2dConfig;
 use rayon::prelude::*;
 
+/// Columns (C·kh·kw) from which a strided conv takes the image-to-columns GEMM.
+const MIN_STRIDED_TAPS: usize = 2048;
+
 /// Floats of one stripe's columns and output (512 KiB, in L2; 2 MiB and 192 KiB were slower).
 const STRIPE_WORKING_SET: usize = 128 << 10;
 
@@ -43,10 +46,13 @@ impl Conv2d {
 
     fn fast_path_applies(&self, x: &Tensor) -> bool {
         let c = self.config();
+        // Strided convs only with long columns (DPT's 3×3 / 2 over 384+ channels: 12 → 4 ms); for
+        // SegFormer's few-channel patch embeddings Candle's conv is faster.
+        let taps = self.weight().dims4().map_or(0, |(_, c, kh, kw)| c * kh * kw);
         x.device().is_cpu()
             && x.dtype() == DType::F32
             && self.weight().dtype() == DType::F32
-            && c.stride == 1
+            && (c.stride == 1 || (c.stride > 1 && taps >= MIN_STRIDED_TAPS))
             && c.dilation == 1
             && c.groups == 1
             && x.rank() == 4
@@ -59,24 +65,48 @@ impl Module for Conv2d {
         if recording {
             super::grad::conv2d(self, x)
         } else if self.fast_path_applies(x) {
-            stripe_gemm_conv(x, self.weight(), self.bias(), self.config().padding)
+            let (pad, stride) = (self.config().padding, self.config().stride);
+            match if stride == 1 { direct(x, self.weight(), self.bias(), pad)? } else { None } {
+                Some(y) => Ok(y),
+                None => stripe_gemm_conv(x, self.weight(), self.bias(), pad, stride),
+            }
         } else {
             self.inner.forward(x)
         }
     }
 }
 
-/// Stride-1 conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]` and zero padding `pad`, by
+/// A stride-1 conv with a kernel wider than 1×1 by [`super::direct_conv`] (CPUs with AVX-512);
+/// `None` where that kernel does not run (1×1 convs are plain GEMMs: the stripe path).
+fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Option<Tensor>> {
+    use super::direct_conv::{self, Shape};
+    let ((b, c, h, wd), (o, wc, kh, kw)) = (x.dims4()?, w.dims4()?);
+    if kh * kw == 1 || wc != c || !direct_conv::available() {
+        return Ok(None);
+    }
+    let s = Shape { b, c, h, w: wd, o, kh, kw, pad };
+    let Some((oh, ow)) = s.output() else { return Ok(None) };
+    let weight = w.flatten_all()?.to_vec1::<f32>()?;
+    let bias = match bias {
+        Some(b) => Some(b.to_vec1::<f32>()?),
+        None => None,
+    };
+    let out = super::cpu_slice::with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, &weight, bias.as_deref()))?.flatten();
+    out.map(|out| Tensor::from_vec(out, (b, o, oh, ow), x.device())).transpose()
+}
+
+/// Conv of `x` `[B, C, H, W]` with `w` `[O, C, kh, kw]`, zero padding `pad` and `stride`, by
 /// stripes of output rows sized to stay in cache: each parallel task builds its stripe's columns
 /// `[C·kh·kw + 1, rows·OW]` (image-to-columns, zero padding by bounds, a row of ones for the bias)
 /// in a per-thread buffer and multiplies the weight by them straight into its rows of the output.
-fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Tensor> {
+fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usize) -> Result<Tensor> {
     let (b, c, h, wd) = x.dims4()?;
     let (o, wc, kh, kw) = w.dims4()?;
     if wc != c {
         candle_core::bail!("conv2d: input has {c} channels, the weight expects {wc}");
     }
-    let (Some(oh), Some(ow)) = ((h + 2 * pad).checked_sub(kh).map(|v| v + 1), (wd + 2 * pad).checked_sub(kw).map(|v| v + 1)) else {
+    let stride = stride.max(1);
+    let (Some(oh), Some(ow)) = ((h + 2 * pad).checked_sub(kh).map(|v| v / stride + 1), (wd + 2 * pad).checked_sub(kw).map(|v| v / stride + 1)) else {
         candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{wd} input padded by {pad}");
     };
     let taps = c * kh * kw;
@@ -107,17 +137,24 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -
                         let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
                         let plane = &img[ci * h * wd..][..h * wd];
                         for (dy, line) in col.chunks_exact_mut(ow).enumerate() {
-                            let iy = (y0 + dy + ky) as isize - pad as isize;
+                            let iy = ((y0 + dy) * stride + ky) as isize - pad as isize;
                             if iy < 0 || iy >= h as isize {
                                 continue; // stays zero
                             }
                             let src = &plane[iy as usize * wd..][..wd];
-                            // Output x reads input x + kx − pad; columns outside the input stay zero.
-                            let lo = pad.saturating_sub(kx).min(ow);
-                            let hi = (wd + pad).saturating_sub(kx).min(ow);
+                            // Output x reads input x·stride + kx − pad; columns outside the input
+                            // stay zero.
+                            let lo = pad.saturating_sub(kx).div_ceil(stride).min(ow);
+                            let hi = (wd + pad).saturating_sub(kx).div_ceil(stride).min(ow);
                             if lo < hi {
-                                let s0 = lo + kx - pad;
-                                line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                                let s0 = lo * stride + kx - pad;
+                                if stride == 1 {
+                                    line[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
+                                } else {
+                                    for (d, &v) in line[lo..hi].iter_mut().zip(src[s0..].iter().step_by(stride)) {
+                                        *d = v;
+                                    }
+                                }
                             }
                         }
                     }
@@ -174,6 +211,24 @@ mod tests {
             let err = (fast - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
             assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} {h}×{w}: {err}");
+        }
+    }
+
+    /// The image-to-columns GEMM itself (the path of CPUs without AVX-512, of 1×1 and of long
+    /// strided convs), strides 1 to 3, against Candle's conv.
+    #[test]
+    fn the_stripe_gemm_equals_candles_conv_at_every_stride() {
+        let dev = Device::Cpu;
+        for (c, o, k, pad, stride, h, w) in [(3, 5, 3, 1, 1, 7, 9), (3, 4, 5, 2, 1, 4, 11), (4, 6, 3, 1, 2, 9, 10), (2, 3, 3, 0, 2, 7, 8), (3, 2, 7, 3, 4, 17, 13), (5, 4, 2, 0, 2, 6, 6), (2, 2, 3, 1, 3, 1, 1)] {
+            let x = Tensor::randn(0f32, 1.0, (2, c, h, w), &dev).unwrap();
+            let wt = Tensor::randn(0f32, 1.0, (o, c, k, k), &dev).unwrap();
+            let b = Tensor::randn(0f32, 1.0, o, &dev).unwrap();
+            let conv = Conv2d::new(wt.clone(), Some(b.clone()), Conv2dConfig { padding: pad, stride, ..Default::default() });
+            let (fast, want) = (stripe_gemm_conv(&x, &wt, Some(&b), pad, stride).unwrap(), conv.forward_candle(&x).unwrap());
+            assert_eq!(fast.dims(), want.dims(), "c{c} o{o} k{k} p{pad} s{stride}");
+            let err = (fast - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
+            assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} s{stride} {h}×{w}: {err}");
         }
     }
 

@@ -70,6 +70,8 @@ pub fn bilinear_by_matmul(x: &Tensor, oh: usize, ow: usize, align_corners: bool)
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
     if records(x) {
         bilinear_by_matmul(x, oh, ow, align_corners)
+    } else if let Some(y) = super::bilinear_cpu::bilinear(x, oh, ow, align_corners)? {
+        Ok(y)
     } else {
         x.upsample_bilinear2d(oh, ow, align_corners)
     }

@@ -1,7 +1,8 @@
 //! Thin loaders for Candle's standard layers from a `Vb`.
-use candle_nn::{Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
+use candle_nn::{Conv2dConfig, ConvTranspose2dConfig, LayerNorm};
 
 use super::conv::Conv2d;
+use super::conv_transpose::ConvTranspose2d;
 
 use crate::error::Result;
 use crate::weights::Vb;

@@ -1,10 +1,13 @@
 //! Shared building blocks that the model files compose.
 pub mod activation;
 pub mod attention;
+pub mod bilinear_cpu;
 pub mod conv;
+pub mod conv_transpose;
 pub mod cpu_slice;
 pub mod dinov2;
 pub mod dinov3;
+pub mod direct_conv;
 pub mod dpt;
 pub mod fast_math;
 pub mod fused_attention;
