@@ -107,6 +107,14 @@ fn elementwise(c: &mut Criterion) {
     let (q, k, v) = (randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]));
     let n = 4 * 6 * 1370 * 1370 * 64;
     flops(c, "attention_fused", "6x1370x64", n, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
+    // The fused attention's softmax over one score block (128 query rows × 1370 keys), in place.
+    let mut block: Vec<f32> = (0..128 * 1370).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
+    let mut g = c.benchmark_group("softmax_numerator");
+    g.sample_size(10).throughput(Throughput::Elements((128 * 1370) as u64));
+    g.bench_function(BenchmarkId::from_parameter("128x1370"), |b| {
+        b.iter(|| block.chunks_exact_mut(1370).map(|row| edgerun::nn::fast_math::softmax_numerator(row, 1.0)).sum::<f32>())
+    });
+    g.finish();
     flops(c, "attention_candle", "6x1370x64", n, &mut || sdpa_candle(&q, &k, &v, 0.125, None).unwrap());
     let x = randn(&[1, 1370, 384]);
     let ln = LayerNorm::new(randn(&[384]), randn(&[384]), 1e-6);
