@@ -8,7 +8,7 @@ Usage (from the repo root, after `cargo build --release`; a quiet machine — no
 Each row builds its model with random O(1) weights (tools/fixtures/common.reinit), saves it in the hub
 layout under --workdir, exports ONNX (where the exporter can), and then runs the three engines in turn,
 --rounds times, each round timing --repeat forward passes per engine after a warm-up (edgerun through
-`edgerun forward --repeat`, one process per round, load excluded). Reported per row and variant: the
+`edgerun forward --repeat N+1`, one process per round, load and its first pass excluded). Reported per row and variant: the
 median forward time, edgerun/ORT and edgerun/PyTorch, achieved GFLOP/s (FLOPs counted by PyTorch's
 FlopCounterMode on the reference forward), edgerun's peak RSS, and the max abs error of edgerun's output
 against PyTorch f32 relative to max(1, max|ref|) — so that a fast wrong answer shows. Variants: f32,
@@ -151,17 +151,18 @@ def edgerun_model(binary, case, variant):
 
 
 def run_edgerun(binary, case, variant, input_path, repeat):
-    """(forward ms list, peak RSS MiB, outputs) of one `edgerun forward --repeat` process."""
+    """(forward ms list, peak RSS MiB, outputs) of one `edgerun forward --repeat` process; its first
+    pass is the warm-up that PyTorch and ORT get too, not counted."""
     model, dtype = edgerun_model(binary, case, variant)
     out = input_path + f".{variant}.out.safetensors"
     cmd = ["/usr/bin/time", "-f", "%M", binary, "forward", "--model", model, "--input", input_path, "--output", out,
-           "--device", "cpu", "--dtype", dtype, "--repeat", str(repeat)]
+           "--device", "cpu", "--dtype", dtype, "--repeat", str(repeat + 1)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip()[-400:]}")
     lines = [line for line in p.stderr.strip().splitlines() if line.strip()]
     timing = json.loads(next(line for line in lines if line.startswith("{")))
-    return timing["forward_ms"], int(lines[-1]) / 1024, load_file(out)
+    return timing["forward_ms"][1:], int(lines[-1]) / 1024, load_file(out)
 
 
 def rel_error(got, ref, names):

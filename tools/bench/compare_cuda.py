@@ -45,15 +45,16 @@ def time_cuda(module, inputs, output, repeat):
 
 
 def run_edgerun(binary, model, dtype, input_path, repeat):
-    """(forward ms list, outputs) of one `edgerun forward --device cuda` process."""
+    """(forward ms list, outputs) of one `edgerun forward --device cuda` process; its first pass is
+    the warm-up that PyTorch gets too, not counted."""
     out = input_path + f".cuda-{os.path.basename(model)}-{dtype}.safetensors"
     cmd = [binary, "forward", "--model", model, "--input", input_path, "--output", out, "--device", "cuda",
-           "--dtype", dtype, "--repeat", str(repeat)]
+           "--dtype", dtype, "--repeat", str(repeat + 1)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip()[-600:]}")
     line = next(x for x in p.stderr.splitlines() if x.startswith("{"))
-    return json.loads(line)["forward_ms"], load_file(out)
+    return json.loads(line)["forward_ms"][1:], load_file(out)
 
 
 def row(a, name):
