@@ -77,14 +77,13 @@ fn frozen_bias(bias: Option<&Tensor>) -> candle_core::Result<Option<Option<Vec<f
     }
 }
 
-/// `x [rows, k] · wᵀ + bias` for row-major f32 `x` and `w [n, k]`: the output starts as the bias
-/// rows and the GEMM accumulates into it, so the bias costs no pass of its own (and the output no
-/// zero-fill).
-fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+/// A `[rows, n]` output initialised to the bias in every row (zeros without one), for a GEMM to
+/// accumulate into: the bias costs no pass of its own and the output no separate zero-fill.
+fn bias_rows(rows: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
     use rayon::prelude::*;
     let mut out: Vec<f32> = Vec::with_capacity(rows * n);
     match bias {
-        Some(b) => out.spare_capacity_mut().par_chunks_mut(n).for_each(|row| {
+        Some(b) => out.spare_capacity_mut().par_chunks_mut(n.max(1)).for_each(|row| {
             row.iter_mut().zip(b).for_each(|(o, &v)| {
                 o.write(v);
             })
@@ -97,33 +96,80 @@ fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: 
     }
     // SAFETY: every one of the `rows · n` elements was just written.
     unsafe { out.set_len(rows * n) };
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: lhs is `x` (rows × k, row-major), rhs `wᵀ` read from `w` (n × k, row-major: element
-    // (p, j) at j·k + p), dst the rows × n output; all three are in bounds (checked by the caller).
-    unsafe {
-        gemm::gemm(
-            rows, n, k,
-            out.as_mut_ptr(), 1, n as isize, bias.is_some(),
-            xs.as_ptr(), 1, k as isize,
-            ws.as_ptr(), k as isize, 1,
-            1.0, 1.0, false, false, false, par,
-        );
-    }
     out
 }
 
-/// `x [rows, k] · wᵀ + bias` computed in f32 on the CPU outside Candle's ops, for a weight `w
-/// [n, k]` stored in f32 or f16 (widened by `half`'s vectorised F16C / NEON conversion, in parallel
-/// chunks, into a per-thread buffer reused across products: a fresh buffer each time cost page
-/// faults, DA-V2-S f16 7 % slower than f32). `None` when `x`, `w` or the bias is not on the CPU,
-/// has another dtype or records a gradient: then Candle's ops run.
-fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
+/// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · wᵀ` for a row-major f32 block `w [nb, k]` and the
+/// row-major `[rows, n]` output at `out` (read first when `accumulate`).
+///
+/// # Safety
+/// `out` addresses `rows × n` floats that no other task writes in columns `j0 .. j0 + nb`;
+/// `xs` holds `rows × k` and `ws` `nb × k` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], rows: usize, k: usize, ws: &[f32], nb: usize, accumulate: bool, par: gemm::Parallelism) {
+    gemm::gemm(
+        rows, nb, k,
+        out.add(j0), 1, n as isize, accumulate,
+        xs.as_ptr(), 1, k as isize,
+        ws.as_ptr(), k as isize, 1,
+        1.0, 1.0, false, false, false, par,
+    );
+}
+
+/// `x [rows, k] · wᵀ + bias` for row-major f32 `x` and `w [n, k]`, one (threaded) GEMM into the
+/// bias rows.
+fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    let mut out = bias_rows(rows, n, bias);
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    // SAFETY: `out` is rows × n, this is its only writer; `xs` is rows × k and `ws` n × k.
+    unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, xs, rows, k, ws, n, bias.is_some(), par) };
+    out
+}
+
+/// Floats of one widened block of an f16 weight (1 MiB: it stays in L2 while its GEMM reads it).
+const WIDE_BLOCK_FLOATS: usize = 1 << 18;
+
+/// `x [rows, k] · wᵀ + bias` for an f16 weight `w [n, k]`: blocks of weight rows are widened to f32
+/// (`half`'s vectorised F16C / NEON conversion) into a per-thread buffer that stays in cache, and
+/// each block's GEMM writes its columns of the output, the blocks in parallel. (Widening the whole
+/// matrix first wrote and re-read an f32 copy through memory on every product: CHMv2 f16 was 6 %
+/// slower than f32.)
+fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
+    let mut out = bias_rows(rows, n, bias);
+    let threads = rayon::current_num_threads();
+    // At least four blocks per thread (balance), at most one L2-sized block each.
+    let block = (WIDE_BLOCK_FLOATS / k.max(1)).min(n.div_ceil(4 * threads)).max(16).min(n.max(1));
+    let dst = super::cpu_slice::SharedOut(out.as_mut_ptr());
+    (0..n.div_ceil(block)).into_par_iter().for_each(|bi| {
+        let (j0, nb) = (bi * block, block.min(n - bi * block));
+        let product = |wide: &mut Vec<f32>| {
+            wide.clear();
+            wide.resize(nb * k, 0.0);
+            ws[j0 * k..(j0 + nb) * k].convert_to_f32_slice(wide);
+            // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output; `xs`
+            // is rows × k, `wide` nb × k.
+            unsafe { gemm_into_columns(dst.at(0), n, j0, xs, rows, k, wide, nb, bias.is_some(), gemm::Parallelism::None) };
+        };
+        WIDENED.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut wide) => product(&mut wide),
+            // Re-entered from a task this thread ran while waiting: a buffer of its own.
+            Err(_) => product(&mut Vec::new()),
+        });
+    });
+    out
+}
+
+/// `x [rows, k] · wᵀ + bias` computed in f32 on the CPU outside Candle's ops, for a weight `w
+/// [n, k]` stored in f32 or f16 (widened per product: half the memory of f32, where the CPU has no
+/// fast f16 arithmetic). `None` when `x`, `w` or the bias is not on the CPU, has another dtype or
+/// records a gradient: then Candle's ops run.
+fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
     if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() || w.track_op() {
         return Ok(None);
     }
@@ -136,23 +182,9 @@ fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core
         DType::F32 => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
             super::cpu_slice::with_contiguous(x, |xs: &[f32]| xwt_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
         })?,
-        DType::F16 => {
-            let widened = |xs: &[f32], ws: &[half::f16], wide: &mut Vec<f32>| {
-                wide.clear();
-                wide.resize(n * k, 0.0);
-                wide.par_chunks_mut(1 << 16).zip(ws.par_chunks(1 << 16)).for_each(|(d, s)| s.convert_to_f32_slice(d));
-                xwt_plus_bias(xs, rows, k, wide, n, bias.as_deref())
-            };
-            super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
-                super::cpu_slice::with_contiguous(x, |xs: &[f32]| {
-                    WIDENED.with(|cell| match cell.try_borrow_mut() {
-                        Ok(mut wide) => widened(xs, ws, &mut wide),
-                        // Re-entered from a task this thread ran while waiting: a buffer of its own.
-                        Err(_) => widened(xs, ws, &mut Vec::new()),
-                    })
-                })
-            })?
-        }
+        DType::F16 => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xwt_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+        })?,
         _ => return Ok(None),
     };
     match out.transpose()?.flatten() {
