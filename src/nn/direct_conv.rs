@@ -57,6 +57,7 @@ impl Shape {
 
 /// The weight `[o, c, kh, kw]` regrouped as `[o / CO][c][kh][kw][CO]` (missing channels zero) and
 /// the bias as `[o / CO][CO]`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn pack(s: &Shape, weight: &[f32], bias: Option<&[f32]>) -> (Vec<f32>, Vec<f32>) {
     let taps = s.c * s.kh * s.kw;
     let tiles = s.o.div_ceil(CO);
@@ -87,58 +88,48 @@ pub fn conv2d(s: &Shape, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Opt
     if !ok {
         return None;
     }
-    let n = s.b.checked_mul(s.o)?.checked_mul(oh)?.checked_mul(ow)?;
-    let (wp, bp) = pack(s, weight, bias);
-    let mut out: Vec<f32> = Vec::with_capacity(n);
     #[cfg(target_arch = "x86_64")]
     {
-        let dst = super::cpu_slice::SharedOut(out.as_mut_ptr());
-        let tiles = s.o.div_ceil(CO);
-        let taps = s.c * s.kh * s.kw;
-        // One task per output row, every channel tile in turn: the input rows it reads (all
-        // channels) stay in L2 across the tiles instead of coming from memory once per tile.
-        (0..s.b * oh).into_par_iter().for_each(|task| {
-            let (img, y) = (task / oh, task % oh);
-            let xs = &x[img * s.c * s.h * s.w..][..s.c * s.h * s.w];
-            // The input row the next output row adds, on its way into cache while this one runs.
-            if let Some(next) = (y + s.kh).checked_sub(s.pad).filter(|&r| r < s.h) {
-                prefetch_row(xs, s, next);
-            }
-            for tile in 0..tiles {
-                let row = Row {
-                    s,
-                    x: xs,
-                    w: &wp[tile * taps * CO..][..taps * CO],
-                    bias: &bp[tile * CO..][..CO],
-                    y,
-                    channels: CO.min(s.o - tile * CO),
-                    // Channel `tile·CO + j`, row y of image `img`: plane stride oh·ow.
-                    out: dst.at(((img * s.o + tile * CO) * oh + y) * ow),
-                    plane: oh * ow,
-                    ow,
-                };
-                // SAFETY: AVX-512F was detected above; the row writes only its own output
-                // elements (its channels' row `y` of its image), inside `out`'s capacity of `n`.
-                unsafe { row.run() };
-            }
-        });
-    }
-    // SAFETY: the tasks above wrote every one of the `n` elements (each image, channel and row
-    // once, every column of the row); nothing else reads `out` until they are done.
-    unsafe { out.set_len(n) };
-    Some(out)
-}
-
-/// Asks for input row `r` of every channel to be brought into the L2 cache.
-#[cfg(target_arch = "x86_64")]
-fn prefetch_row(x: &[f32], s: &Shape, r: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-    for ci in 0..s.c {
-        let line = &x[(ci * s.h + r) * s.w..][..s.w];
-        for at in (0..s.w).step_by(16) {
-            // SAFETY: a prefetch never faults; the address is inside `line` anyway.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(line[at..].as_ptr() as *const i8) };
+        let n = s.b.checked_mul(s.o)?.checked_mul(oh)?.checked_mul(ow)?;
+        let (wp, bp) = pack(s, weight, bias);
+        let mut out: Vec<f32> = Vec::with_capacity(n);
+        {
+            let dst = super::cpu_slice::SharedOut(out.as_mut_ptr());
+            let tiles = s.o.div_ceil(CO);
+            let taps = s.c * s.kh * s.kw;
+            // One task per output row, every channel tile in turn: the input rows it reads (all
+            // channels) stay in L2 across the tiles instead of coming from memory once per tile.
+            (0..s.b * oh).into_par_iter().for_each(|task| {
+                let (img, y) = (task / oh, task % oh);
+                let xs = &x[img * s.c * s.h * s.w..][..s.c * s.h * s.w];
+                for tile in 0..tiles {
+                    let row = Row {
+                        s,
+                        x: xs,
+                        w: &wp[tile * taps * CO..][..taps * CO],
+                        bias: &bp[tile * CO..][..CO],
+                        y,
+                        channels: CO.min(s.o - tile * CO),
+                        // Channel `tile·CO + j`, row y of image `img`: plane stride oh·ow.
+                        out: dst.at(((img * s.o + tile * CO) * oh + y) * ow),
+                        plane: oh * ow,
+                        ow,
+                    };
+                    // SAFETY: AVX-512F was detected above; the row writes only its own output
+                    // elements (its channels' row `y` of its image), inside `out`'s capacity of `n`.
+                    unsafe { row.run() };
+                }
+            });
         }
+        // SAFETY: the tasks above wrote every one of the `n` elements (each image, channel and row
+        // once, every column of the row); nothing else reads `out` until they are done.
+        unsafe { out.set_len(n) };
+        Some(out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (oh, ow, weight, bias);
+        None
     }
 }
 
