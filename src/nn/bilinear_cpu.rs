@@ -38,10 +38,10 @@ fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
 }
 
 /// `upsample_bilinear2d` of an f32 CPU tensor `[B, C, H, W]` to `oh × ow` (sizes already checked
-/// by the caller); `None` for other dtypes or devices.
+/// by the caller); `None` for other dtypes or devices and for empty maps (Candle's op then).
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Option<Tensor>> {
     let (b, c, h, w) = x.dims4()?;
-    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || h == 0 || w == 0 {
+    if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || h == 0 || w == 0 || oh == 0 || ow == 0 {
         return Ok(None);
     }
     let (ty, tx) = (taps(h, oh, align_corners), taps(w, ow, align_corners));
@@ -122,5 +122,6 @@ mod tests {
         let err = (got - &want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
         assert!(err < 1e-5, "max abs error {err}");
         assert!(bilinear(&x.to_dtype(candle_core::DType::F64).unwrap(), 8, 8, false).unwrap().is_none());
+        assert!(bilinear(&x, 0, 8, false).unwrap().is_none(), "an empty output is Candle's to handle");
     }
 }

@@ -49,8 +49,9 @@ pub struct Shape {
 impl Shape {
     /// Output rows and columns, or `None` when the kernel does not fit the padded input.
     pub fn output(&self) -> Option<(usize, usize)> {
-        let oh = (self.h + 2 * self.pad).checked_sub(self.kh)? + 1;
-        let ow = (self.w + 2 * self.pad).checked_sub(self.kw)? + 1;
+        let padded = |n: usize| self.pad.checked_mul(2)?.checked_add(n);
+        let oh = padded(self.h)?.checked_sub(self.kh)? + 1;
+        let ow = padded(self.w)?.checked_sub(self.kw)? + 1;
         Some((oh, ow))
     }
 }
