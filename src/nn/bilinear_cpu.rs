@@ -13,15 +13,19 @@ const ROWS_PER_TASK: usize = 32;
 
 /// One output coordinate's two source samples and the weight of the second.
 #[derive(Clone, Copy)]
-struct Tap {
-    lo: usize,
-    hi: usize,
-    t: f32,
+pub(crate) struct Tap {
+    /// The first source sample.
+    pub lo: usize,
+    /// The second (`lo + 1`, or `lo` at the last sample).
+    pub hi: usize,
+    /// The weight of `hi` (`lo` gets `1 − t`).
+    pub t: f32,
 }
 
-/// The taps along one axis (PyTorch's `area_pixel_compute_source_index`, scale `in / out`, or
-/// `(in − 1) / (out − 1)` with `align_corners`).
-fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
+/// The taps along one axis, `n_in ≥ 1` (PyTorch's `area_pixel_compute_source_index`, scale
+/// `in / out`, or `(in − 1) / (out − 1)` with `align_corners`); also the rows of
+/// [`super::grad::linear_matrix`].
+pub(crate) fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
     let scale = if align_corners {
         if n_out > 1 { (n_in - 1) as f64 / (n_out - 1) as f64 } else { 0.0 }
     } else {

@@ -1,6 +1,8 @@
-//! 2-D convolution with a faster CPU path: stride-1 convs in f32 run as an image-to-columns GEMM in
-//! row stripes small enough that each stripe's columns stay in cache (the GEMM writes the stripe's
-//! NCHW output rows in place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
+//! 2-D convolution with faster CPU paths for f32: stride-1 convs wider than 1×1 run the direct
+//! AVX-512 kernel of [`crate::nn::direct_conv`] where the CPU has it; the others (1×1, CPUs without
+//! AVX-512, strided convs with long columns) an image-to-columns GEMM in row stripes small enough
+//! that each stripe's columns stay in cache (the GEMM writes the stripe's NCHW output rows in
+//! place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
 //! differentiable path of [`crate::nn::grad`], other devices and dtypes Candle's conv.
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Conv2dConfig;
@@ -66,7 +68,7 @@ impl Module for Conv2d {
             super::grad::conv2d(self, x)
         } else if self.fast_path_applies(x) {
             let (pad, stride) = (self.config().padding, self.config().stride);
-            match if stride == 1 { direct(x, self.weight(), self.bias(), pad)? } else { None } {
+            match direct(x, self.weight(), self.bias(), pad, stride)? {
                 Some(y) => Ok(y),
                 None => stripe_gemm_conv(x, self.weight(), self.bias(), pad, stride),
             }
@@ -77,21 +79,27 @@ impl Module for Conv2d {
 }
 
 /// A stride-1 conv with a kernel wider than 1×1 by [`super::direct_conv`] (CPUs with AVX-512);
-/// `None` where that kernel does not run (1×1 convs are plain GEMMs: the stripe path).
-fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize) -> Result<Option<Tensor>> {
+/// `None` where that kernel does not run (1×1 convs are plain GEMMs, strided ones gathers: the
+/// stripe path).
+fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usize) -> Result<Option<Tensor>> {
+    use super::cpu_slice::with_contiguous;
     use super::direct_conv::{self, Shape};
     let ((b, c, h, wd), (o, wc, kh, kw)) = (x.dims4()?, w.dims4()?);
-    if kh * kw == 1 || wc != c || !direct_conv::available() {
+    if stride != 1 || kh * kw == 1 || wc != c || !direct_conv::available() {
         return Ok(None);
     }
     let s = Shape { b, c, h, w: wd, o, kh, kw, pad };
     let Some((oh, ow)) = s.output() else { return Ok(None) };
-    let weight = w.flatten_all()?.to_vec1::<f32>()?;
     let bias = match bias {
         Some(b) => Some(b.to_vec1::<f32>()?),
         None => None,
     };
-    let out = super::cpu_slice::with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, &weight, bias.as_deref()))?.flatten();
+    let out = with_contiguous(w, |weight: &[f32]| {
+        with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, weight, bias.as_deref()))
+    })?
+    .transpose()?
+    .flatten()
+    .flatten();
     out.map(|out| Tensor::from_vec(out, (b, o, oh, ow), x.device())).transpose()
 }
 
@@ -215,7 +223,7 @@ mod tests {
     }
 
     /// The image-to-columns GEMM itself (the path of CPUs without AVX-512, of 1×1 and of long
-    /// strided convs), strides 1 to 3, against Candle's conv.
+    /// strided convs), strides 1 to 4, against Candle's conv.
     #[test]
     fn the_stripe_gemm_equals_candles_conv_at_every_stride() {
         let dev = Device::Cpu;

@@ -16,8 +16,8 @@ pub fn with_contiguous<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -
 /// rows or stripe); the owner keeps the buffer alive until they are done.
 #[derive(Clone, Copy)]
 pub(crate) struct SharedOut(pub(crate) *mut f32);
-// SAFETY: the callers (the stripe conv, the int8 GEMM) give every task its own elements, and the
-// buffer outlives the tasks.
+// SAFETY: the callers (the stripe and direct convs, the int8 GEMM, the f16 linear's column blocks)
+// give every task its own elements, and the buffer outlives the tasks.
 unsafe impl Send for SharedOut {}
 unsafe impl Sync for SharedOut {}
 impl SharedOut {

@@ -1,8 +1,8 @@
 //! DPT neck blocks (reassemble, 3×3 projections, feature fusion) shared by the depth and height models.
 use candle_core::{Module, Tensor};
 use candle_nn::{Conv2dConfig, ConvTranspose2dConfig};
-use super::conv_transpose::ConvTranspose2d;
 use super::conv::Conv2d;
+use super::conv_transpose::ConvTranspose2d;
 
 use super::interpolate::bilinear;
 use super::layers::{conv2d, conv_transpose2d};

@@ -40,7 +40,6 @@ macro_rules! simd_fn {
 }
 pub(crate) use simd_fn;
 
-
 /// Elements per parallel chunk of an elementwise pass.
 const CHUNK: usize = 1 << 14;
 

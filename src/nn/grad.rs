@@ -34,17 +34,9 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// (output-to-input scale `in / out` when not aligning corners, negative sources clamped to 0).
 pub fn linear_matrix(n_in: usize, n_out: usize, align_corners: bool) -> Vec<f32> {
     let mut m = vec![0f32; n_out * n_in];
-    for o in 0..n_out {
-        let src = if align_corners {
-            if n_out > 1 { o as f64 * (n_in as f64 - 1.0) / (n_out as f64 - 1.0) } else { 0.0 }
-        } else {
-            ((o as f64 + 0.5) * n_in as f64 / n_out as f64 - 0.5).max(0.0)
-        };
-        let i0 = (src.floor() as usize).min(n_in - 1);
-        let i1 = (i0 + 1).min(n_in - 1);
-        let t = src - i0 as f64;
-        m[o * n_in + i0] += (1.0 - t) as f32;
-        m[o * n_in + i1] += t as f32;
+    for (row, tap) in m.chunks_exact_mut(n_in).zip(super::bilinear_cpu::taps(n_in, n_out, align_corners)) {
+        row[tap.lo] += 1.0 - tap.t;
+        row[tap.hi] += tap.t;
     }
     m
 }
