@@ -1,6 +1,6 @@
 //! 2-D convolution with faster CPU paths for f32: stride-1 convs wider than 1×1 run the direct
-//! AVX-512 kernel of [`crate::nn::direct_conv`] where the CPU has it; the others (1×1, CPUs without
-//! AVX-512, strided convs with long columns) an image-to-columns GEMM in row stripes small enough
+//! AVX-512 or AVX2 kernel of [`crate::nn::direct_conv`] where the CPU has one; the others (1×1, other
+//! CPUs, strided convs with long columns) an image-to-columns GEMM in row stripes small enough
 //! that each stripe's columns stay in cache (the GEMM writes the stripe's NCHW output rows in
 //! place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
 //! differentiable path of [`crate::nn::grad`], other devices and dtypes Candle's conv.
@@ -78,7 +78,7 @@ impl Module for Conv2d {
     }
 }
 
-/// A stride-1 conv with a kernel wider than 1×1 by [`super::direct_conv`] (CPUs with AVX-512);
+/// A stride-1 conv with a kernel wider than 1×1 by [`super::direct_conv`] (x86-64 CPUs with AVX-512 or AVX2);
 /// `None` where that kernel does not run (1×1 convs are plain GEMMs, strided ones gathers: the
 /// stripe path).
 fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usize) -> Result<Option<Tensor>> {
@@ -222,7 +222,7 @@ mod tests {
         }
     }
 
-    /// The image-to-columns GEMM itself (the path of CPUs without AVX-512, of 1×1 and of long
+    /// The image-to-columns GEMM itself (the path of CPUs without AVX2, of 1×1 and of long
     /// strided convs), strides 1 to 4, against Candle's conv.
     #[test]
     fn the_stripe_gemm_equals_candles_conv_at_every_stride() {
