@@ -8,19 +8,20 @@ use rayon::prelude::*;
 /// runs the widest form the CPU has, chosen at run time. The body is an `inline(always)` function
 /// called from `target_feature` wrappers, so it is always compiled with their vector width (a
 /// closure passed to such a wrapper may stay a separate baseline-SSE function: the softmax ran
-/// 4-wide that way, 10 % of a DA-V2-Small forward).
+/// 4-wide that way, 10 % of a DA-V2-Small forward). The body sees the const `$fused`: true where
+/// the CPU has FMA, for [`madd`] (the baseline x86-64 form would call a software `fmaf`).
 macro_rules! simd_fn {
-    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident<$fused:ident>($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) -> $ret {
             #[inline(always)]
-            fn body($($arg: $ty),*) -> $ret $body
+            fn body<const $fused: bool>($($arg: $ty),*) -> $ret $body
             #[cfg(target_arch = "x86_64")]
             {
                 if std::arch::is_x86_feature_detected!("avx512f") {
                     #[target_feature(enable = "avx512f,avx2,fma")]
                     unsafe fn wide($($arg: $ty),*) -> $ret {
-                        body($($arg),*)
+                        body::<true>($($arg),*)
                     }
                     // SAFETY: the feature was just detected (AVX-512F implies AVX2 and FMA).
                     return unsafe { wide($($arg),*) };
@@ -28,14 +29,18 @@ macro_rules! simd_fn {
                 if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                     #[target_feature(enable = "avx2,fma")]
                     unsafe fn wide($($arg: $ty),*) -> $ret {
-                        body($($arg),*)
+                        body::<true>($($arg),*)
                     }
                     // SAFETY: the features were just detected.
                     return unsafe { wide($($arg),*) };
                 }
             }
-            body($($arg),*)
+            // AArch64 always has FMA; other baselines may not.
+            body::<{ cfg!(target_arch = "aarch64") }>($($arg),*)
         }
+    };
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $crate::nn::fast_math::simd_fn! { $(#[$meta])* $vis fn $name<_FUSED>($($arg: $ty),*) -> $ret $body }
     };
 }
 pub(crate) use simd_fn;
@@ -43,35 +48,43 @@ pub(crate) use simd_fn;
 /// Elements per parallel chunk of an elementwise pass.
 const CHUNK: usize = 1 << 14;
 
-/// `eˣ` for `x ≤ 0` (Cephes' polynomial, relative error ~1e-7; results below 2⁻¹²⁶ flush to 0).
+/// `a · b + c`, fused into one instruction when `FUSED` (inside a [`simd_fn`] body on a CPU with
+/// FMA: Rust never contracts a multiply and an add by itself), else a multiply and an add.
 #[inline(always)]
-pub fn exp_nonpositive(x: f32) -> f32 {
+pub fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FUSED { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// `eˣ` for `x ≤ 0` (Cephes' polynomial, relative error ~1e-7; results below 2⁻¹²⁶ flush to 0);
+/// `FUSED` as for [`madd`].
+#[inline(always)]
+pub fn exp_nonpositive<const FUSED: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding and subtracting it rounds to an integer
     let x = if x < -87.0 { -87.0 } else { x };
-    let rounded = x * LOG2E + ROUND;
+    let rounded = madd::<FUSED>(x, LOG2E, ROUND);
     // The integer n sits in the low mantissa bits of `rounded`: read it with integer ops (a float
     // to int cast saturates in Rust and keeps the loop from vectorising).
     let n_int = (rounded.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let n = rounded - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
+    let r = madd::<FUSED>(-n, LN2_LO, madd::<FUSED>(-n, LN2_HI, x));
     let p = 1.987_569_1e-4;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
-    let e = p * r * r + r + 1.0;
+    let p = madd::<FUSED>(p, r, 1.398_199_9e-3);
+    let p = madd::<FUSED>(p, r, 8.333_452e-3);
+    let p = madd::<FUSED>(p, r, 4.166_579_6e-2);
+    let p = madd::<FUSED>(p, r, 1.666_666_5e-1);
+    let p = madd::<FUSED>(p, r, 5.000_000_1e-1);
+    let e = madd::<FUSED>(p, r * r, r + 1.0);
     let pow2 = f32::from_bits(((n_int + 127) as u32) << 23);
     e * pow2
 }
 
 /// `erf(x)` by Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7), the formula PyTorch's own
-/// vectorised CPU `erf` uses.
+/// vectorised CPU `erf` uses; `FUSED` as for [`madd`].
 #[inline(always)]
-pub fn erf(x: f32) -> f32 {
+pub fn erf<const FUSED: bool>(x: f32) -> f32 {
     const P: f32 = 0.327_591_1;
     const A1: f32 = 0.254_829_6;
     const A2: f32 = -0.284_496_74;
@@ -79,16 +92,16 @@ pub fn erf(x: f32) -> f32 {
     const A4: f32 = -1.453_152_1;
     const A5: f32 = 1.061_405_4;
     let a = x.abs();
-    let t = 1.0 / (1.0 + P * a);
-    let poly = ((((A5 * t + A4) * t + A3) * t + A2) * t + A1) * t;
-    let y = 1.0 - poly * exp_nonpositive(-a * a);
+    let t = 1.0 / madd::<FUSED>(P, a, 1.0);
+    let poly = madd::<FUSED>(madd::<FUSED>(madd::<FUSED>(madd::<FUSED>(A5, t, A4), t, A3), t, A2), t, A1) * t;
+    let y = madd::<FUSED>(-poly, exp_nonpositive::<FUSED>(-a * a), 1.0);
     if x < 0.0 { -y } else { y }
 }
 
-/// Exact GELU `x · Φ(x) = x · (1 + erf(x/√2)) / 2`.
+/// Exact GELU `x · Φ(x) = x · (1 + erf(x/√2)) / 2`; `FUSED` as for [`madd`].
 #[inline(always)]
-pub fn gelu_erf(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+pub fn gelu_erf<const FUSED: bool>(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).
@@ -98,33 +111,33 @@ pub fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
 
 simd_fn! {
     /// `dst[i] = gelu_erf(src[i])` on this thread.
-    fn gelu_erf_into(src: &[f32], dst: &mut [f32]) -> () {
-        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = gelu_erf(x))
+    fn gelu_erf_into<FUSED>(src: &[f32], dst: &mut [f32]) -> () {
+        dst.iter_mut().zip(src).for_each(|(d, &x)| *d = gelu_erf::<FUSED>(x))
     }
 }
 
 simd_fn! {
     /// Applies [`gelu_erf`] to every element of `data`, on this thread.
-    pub fn gelu_erf_in_place(data: &mut [f32]) -> () {
-        data.iter_mut().for_each(|x| *x = gelu_erf(*x))
+    pub fn gelu_erf_in_place<FUSED>(data: &mut [f32]) -> () {
+        data.iter_mut().for_each(|x| *x = gelu_erf::<FUSED>(*x))
     }
 }
 
 simd_fn! {
     /// Replaces `row` by `exp((row − max) · scale)` and returns the sum (the softmax's numerator).
-    pub fn softmax_numerator(row: &mut [f32], scale: f32) -> f32 {
+    pub fn softmax_numerator<FUSED>(row: &mut [f32], scale: f32) -> f32 {
         let shift = row_max(row) * scale;
         let mut acc = [0f32; 16];
         let mut chunks = row.chunks_exact_mut(16);
         for c in &mut chunks {
             for (x, a) in c.iter_mut().zip(acc.iter_mut()) {
-                *x = exp_nonpositive(*x * scale - shift);
+                *x = exp_nonpositive::<FUSED>(madd::<FUSED>(*x, scale, -shift));
                 *a += *x;
             }
         }
         let mut sum: f32 = acc.iter().sum();
         for x in chunks.into_remainder() {
-            *x = exp_nonpositive(*x * scale - shift);
+            *x = exp_nonpositive::<FUSED>(madd::<FUSED>(*x, scale, -shift));
             sum += *x;
         }
         sum
@@ -153,10 +166,13 @@ mod tests {
         let mut worst = 0f32;
         for i in 0..100_000 {
             let x = -87.0 * i as f32 / 100_000.0;
-            worst = worst.max(((exp_nonpositive(x) - x.exp()) / x.exp()).abs());
+            for e in [exp_nonpositive::<false>(x), exp_nonpositive::<true>(x)] {
+                worst = worst.max(((e - x.exp()) / x.exp()).abs());
+            }
         }
         assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive::<false>(0.0), 1.0);
+        assert_eq!(exp_nonpositive::<true>(0.0), 1.0);
     }
 
     #[test]
