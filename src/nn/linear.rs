@@ -3,6 +3,7 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Module, Tensor};
 
 use super::int8_gemm::{self, PackedQ8};
+use super::q8_rows::Q8Rows;
 use crate::error::Result;
 use crate::weights::Vb;
 
@@ -16,8 +17,10 @@ enum Weight {
     /// f16 `[out, in]` (an f16-stored matrix used in f32 on the CPU), widened to f32 for each
     /// product: half the memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
     Half(Tensor),
-    /// A Q8_0 matrix repacked for the int8 GEMM (CPUs with AVX-512 VNNI).
+    /// A Q8_0 matrix repacked for the int8 GEMM (CPUs with AVX-512 VNNI or AVX-VNNI).
     Int8(std::sync::Arc<PackedQ8>),
+    /// A Q8_0 matrix widened to f32 a block of rows per product (other CPUs).
+    Q8Rows(std::sync::Arc<Q8Rows>),
 }
 
 /// The number of rows of the warm-up product that makes Candle repack a quantized weight: one that
@@ -130,13 +133,12 @@ fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: 
 /// Floats of one widened block of an f16 weight (1 MiB: it stays in L2 while its GEMM reads it).
 const WIDE_BLOCK_FLOATS: usize = 1 << 18;
 
-/// `x [rows, k] · wᵀ + bias` for an f16 weight `w [n, k]`: blocks of weight rows are widened to f32
-/// (`half`'s vectorised F16C / NEON conversion) into a per-thread buffer that stays in cache, and
-/// each block's GEMM writes its columns of the output, the blocks in parallel. (Widening the whole
-/// matrix first wrote and re-read an f32 copy through memory on every product: CHMv2 f16 was 6 %
-/// slower than f32.)
-fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
-    use half::slice::HalfFloatSliceExt;
+/// `x [rows, k] · wᵀ + bias` for a weight `w [n, k]` held narrower than f32 (f16, Q8_0):
+/// `widen(j0, dst)` writes weight rows `j0 ..` into `dst` in f32. Blocks of weight rows are widened
+/// into a per-thread buffer that stays in cache, and each block's GEMM writes its columns of the
+/// output, the blocks in parallel. (Widening the whole matrix first wrote and re-read an f32 copy
+/// through memory on every product: CHMv2 f16 was 6 % slower than f32.)
+fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Option<&[f32]>, widen: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
     use rayon::prelude::*;
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -151,7 +153,7 @@ fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: us
         let product = |wide: &mut Vec<f32>| {
             wide.clear();
             wide.resize(nb * k, 0.0);
-            ws[j0 * k..(j0 + nb) * k].convert_to_f32_slice(wide);
+            widen(j0, wide);
             // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output; `xs`
             // is rows × k, `wide` nb × k.
             unsafe { gemm_into_columns(dst.at(0), n, j0, xs, rows, k, wide, nb, bias.is_some(), gemm::Parallelism::None) };
@@ -163,6 +165,12 @@ fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: us
         });
     });
     out
+}
+
+/// [`widened_xwt_plus_bias`] for an f16 weight (`half`'s vectorised F16C / NEON conversion).
+fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    use half::slice::HalfFloatSliceExt;
+    widened_xwt_plus_bias(xs, rows, k, n, bias, |j0, dst| ws[j0 * k..][..dst.len()].convert_to_f32_slice(dst))
 }
 
 /// `x [rows, k] · wᵀ + bias` computed in f32 on the CPU outside Candle's ops, for a weight `w
@@ -213,10 +221,16 @@ impl Linear {
                         format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
                     ));
                 }
-                if q.dtype() == GgmlDType::Q8_0 && vb.device().is_cpu() && int8_gemm::available() {
-                    if let Some(packed) = PackedQ8::from_q8_0(&q.data()?, out_dim, in_dim) {
+                if q.dtype() == GgmlDType::Q8_0 && vb.device().is_cpu() {
+                    let data = q.data()?;
+                    let weight = if int8_gemm::available() {
+                        PackedQ8::from_q8_0(&data, out_dim, in_dim).map(|p| Weight::Int8(std::sync::Arc::new(p)))
+                    } else {
+                        Q8Rows::from_q8_0(&data, out_dim, in_dim).map(|q| Weight::Q8Rows(std::sync::Arc::new(q)))
+                    };
+                    if let Some(weight) = weight {
+                        drop(data);
                         vb.store().release_pages();
-                        let weight = Weight::Int8(std::sync::Arc::new(packed));
                         return Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim });
                     }
                 }
@@ -248,7 +262,7 @@ impl Linear {
 
     /// Whether the weight is kept quantized.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Quantized(_) | Weight::Int8(_))
+        matches!(self.weight, Weight::Quantized(_) | Weight::Int8(_) | Weight::Q8Rows(_))
     }
 }
 
@@ -272,7 +286,11 @@ impl Linear {
                 };
                 if dt == DType::F32 { y } else { y.to_dtype(dt)? }
             }
-            Weight::Int8(packed) => return self.forward_int8(packed, x2),
+            Weight::Int8(packed) => return self.forward_outside_candle(x2, packed.k(), |x, rows, bias| packed.matmul(x, rows, bias)),
+            Weight::Q8Rows(q) => {
+                let widen = |j0: usize, dst: &mut [f32]| q.widen_rows(j0, dst);
+                return self.forward_outside_candle(x2, q.k(), |x, rows, bias| Ok(widened_xwt_plus_bias(x, rows, q.k(), q.n(), bias, widen)));
+            }
         };
         match &self.bias {
             Some(b) => y.broadcast_add(b),
@@ -280,18 +298,19 @@ impl Linear {
         }
     }
 
-    /// [`Self::forward_rows`] through the int8 GEMM, the bias added in the kernel (no autograd:
-    /// the weight is quantized; a trainable bias is added outside so its gradient is recorded).
-    fn forward_int8(&self, packed: &PackedQ8, x2: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x2 [rows, k] → [rows, out]` by `product(x, rows, bias)`, a CPU kernel outside Candle's ops
+    /// over f32 rows that adds a frozen bias itself (no autograd: the weight is quantized; a
+    /// trainable bias is added outside so its gradient is recorded).
+    fn forward_outside_candle(&self, x2: &Tensor, k: usize, product: impl FnOnce(&[f32], usize, Option<&[f32]>) -> candle_core::Result<Vec<f32>>) -> candle_core::Result<Tensor> {
         let dt = x2.dtype();
         let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
         let (rows, in_dim) = x32.dims2()?;
-        if in_dim != packed.k() {
-            candle_core::bail!("linear: input has {in_dim} features, the weight expects {}", packed.k());
+        if in_dim != k {
+            candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
         }
         let frozen_bias = frozen_bias(self.bias.as_ref())?.flatten();
-        let product = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| packed.matmul(x, rows, frozen_bias.as_deref()))?;
-        let Some(out) = product.transpose()? else { candle_core::bail!("linear: the int8 GEMM needs an f32 CPU input") };
+        let out = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| product(x, rows, frozen_bias.as_deref()))?.transpose()?;
+        let Some(out) = out else { candle_core::bail!("linear: a quantized weight held for the CPU needs a CPU input") };
         let y = Tensor::from_vec(out, (rows, self.out_dim), x2.device())?;
         let y = if dt == DType::F32 { y } else { y.to_dtype(dt)? };
         match &self.bias {
@@ -383,5 +402,26 @@ mod tests {
         let trainable = crate::weights::Trainable::new(|_| true);
         let lin = Linear::load(&vb.with_trainable(trainable), 32, 8, true).unwrap();
         assert!(matches!(lin.weight, Weight::Dense(_)));
+    }
+
+    /// A Q8_0 weight held in rows gives the f32 product of its dequantized values, bias included,
+    /// for row counts on both sides of the block split.
+    #[test]
+    fn q8_0_rows_multiply_as_their_dequantized_values() {
+        use candle_core::quantized::QTensor;
+        let cpu = Device::Cpu;
+        let (n, k) = (70, 96);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let rows = Q8Rows::from_q8_0(&q.data().unwrap(), n, k).unwrap();
+        let b = Tensor::randn(0f32, 1.0, n, &cpu).unwrap();
+        let lin = Linear { weight: Weight::Q8Rows(Arc::new(rows)), bias: Some(b.clone()), out_dim: n };
+        let wq = q.dequantize(&cpu).unwrap();
+        for m in [1, 5, 300] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &cpu).unwrap();
+            let want = x.matmul(&wq.t().unwrap()).unwrap().broadcast_add(&b).unwrap();
+            let err = (lin.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(err < 1e-4, "{m} rows: {err}");
+        }
     }
 }
