@@ -18,11 +18,30 @@ pub const MAX_KERNEL: usize = 7;
 
 /// The register tiles, by instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Isa {
     /// 8 channels × 48 pixels in 512-bit registers.
     Avx512,
     /// 6 channels × 16 pixels in 256-bit registers.
     Avx2,
+}
+
+/// Bytes of one tile's weights (all input channels and taps) above which the AVX2 tile loses to the
+/// stripe GEMM: each 16-pixel chunk streams them all, and past L1 they come from L2 (CHMv2's 256-channel
+/// 3×3 convs, 55 KiB per tile, made its forward ~8 % slower).
+const AVX2_TILE_WEIGHT_BYTES: usize = 16 << 10;
+/// Output channels per AVX2 register tile.
+const AVX2_CHANNELS: usize = 6;
+
+impl Isa {
+    /// Whether a tile's weights for `s` stay in cache while a chunk runs (always for AVX-512, whose
+    /// chunks are three times wider).
+    fn tile_weights_fit(self, s: &Shape) -> bool {
+        match self {
+            Isa::Avx512 => true,
+            Isa::Avx2 => s.c.saturating_mul(s.kh * s.kw).saturating_mul(AVX2_CHANNELS * 4) <= AVX2_TILE_WEIGHT_BYTES,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -118,6 +137,7 @@ fn conv2d_on(isa: Isa, s: &Shape, x: &[f32], weight: &[f32], bias: Option<&[f32]
     let (oh, ow) = s.output()?;
     let ok = s.kh <= MAX_KERNEL
         && s.kw <= MAX_KERNEL
+        && isa.tile_weights_fit(s)
         && x.len() == s.b.checked_mul(s.c)?.checked_mul(s.h)?.checked_mul(s.w)?
         && weight.len() == s.o.checked_mul(s.c)?.checked_mul(s.kh)?.checked_mul(s.kw)?
         && bias.is_none_or(|b| b.len() == s.o);
@@ -253,5 +273,8 @@ mod tests {
         assert!(conv2d(&s, &[0.0; 3], &[0.0; 9], None).is_none(), "input length");
         let s = Shape { kh: 9, kw: 9, pad: 4, ..s };
         assert!(conv2d(&s, &[0.0; 4], &[0.0; 81], None).is_none(), "kernel side");
+        let wide = Shape { b: 1, c: 256, h: 8, w: 8, o: 8, kh: 3, kw: 3, pad: 1 };
+        assert!(!Isa::Avx2.tile_weights_fit(&wide) && Isa::Avx512.tile_weights_fit(&wide));
+        assert!(Isa::Avx2.tile_weights_fit(&Shape { c: 64, ..wide }), "DA-V2-Small's 64-channel convs");
     }
 }

@@ -8,7 +8,7 @@ use std::arch::x86_64::*;
 use super::{Row, MAX_KERNEL};
 
 /// Output channels per register tile.
-pub(super) const CO: usize = 6;
+pub(super) const CO: usize = super::AVX2_CHANNELS;
 /// Vectors of 8 pixels per register tile.
 const NV: usize = 2;
 /// Output pixels per register tile.
