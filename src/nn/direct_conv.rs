@@ -209,6 +209,23 @@ struct Row<'a> {
     ow: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
+impl Row<'_> {
+    /// The kernel rows whose input row lies inside the image (the others read the zero padding).
+    fn kernel_rows(&self) -> std::ops::Range<usize> {
+        let (y, pad, kh) = (self.y as isize, self.s.pad as isize, self.s.kh as isize);
+        let lo = (pad - y).clamp(0, kh) as usize;
+        let hi = (self.s.h as isize + pad - y).clamp(0, kh) as usize;
+        lo..hi
+    }
+
+    /// The input row that kernel row `ky` of input channel `ci` reads (one of [`Self::kernel_rows`]).
+    fn line(&self, ci: usize, ky: usize) -> &[f32] {
+        let iy = self.y + ky - self.s.pad;
+        &self.x[(ci * self.s.h + iy) * self.s.w..][..self.s.w]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,8 +5,9 @@
 //! The weights are repacked once at load into 32-column panels.
 use rayon::prelude::*;
 
-/// Values per quantization block (Q8_0's).
-pub const BLOCK: usize = 32;
+pub use super::q8_rows::BLOCK;
+use super::q8_rows::{block_scale, blocks_per_row, BLOCK_BYTES};
+
 /// Output columns per weight panel (two 16-lane registers).
 const PANEL: usize = 32;
 /// Activation rows per register tile (AVX-512).
@@ -15,8 +16,6 @@ const TILE_ROWS: usize = 4;
 const TILE_ROWS_256: usize = 3;
 /// Activation rows per parallel task (its quantized rows and one weight panel stay in L2).
 const TASK_ROWS: usize = 64;
-/// Bytes of one Q8_0 block in a GGUF tensor: an f16 scale and 32 signed bytes.
-const Q8_0_BLOCK_BYTES: usize = 2 + BLOCK;
 
 /// One 32-value block of a 32-column weight panel.
 #[repr(C, align(64))]
@@ -107,21 +106,15 @@ impl PackedQ8 {
     /// Repacks the raw GGUF Q8_0 data of an `[n, k]` matrix; `None` when `k` is not a multiple of
     /// 32 or the data does not have the size of `n · k/32` blocks.
     pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> Option<Self> {
-        if k == 0 || n == 0 || !k.is_multiple_of(BLOCK) {
-            return None;
-        }
-        let kb = k / BLOCK;
-        if data.len() != n.checked_mul(kb)?.checked_mul(Q8_0_BLOCK_BYTES)? {
-            return None;
-        }
+        let kb = blocks_per_row(data.len(), n, k)?;
         let panels = n.div_ceil(PANEL);
         let empty = PanelBlock { qs: [0; BLOCK * PANEL], scale: [0.0; PANEL], offset: [0; PANEL] };
         let mut blocks = vec![empty; panels * kb];
         blocks.par_chunks_mut(kb).enumerate().for_each(|(p, panel)| {
             for (b, blk) in panel.iter_mut().enumerate() {
                 for col in 0..PANEL.min(n - p * PANEL) {
-                    let src = &data[((p * PANEL + col) * kb + b) * Q8_0_BLOCK_BYTES..][..Q8_0_BLOCK_BYTES];
-                    blk.scale[col] = half::f16::from_le_bytes([src[0], src[1]]).to_f32();
+                    let src = &data[((p * PANEL + col) * kb + b) * BLOCK_BYTES..][..BLOCK_BYTES];
+                    blk.scale[col] = block_scale(src);
                     let mut sum = 0i32;
                     for (i, &q) in src[2..].iter().enumerate() {
                         let q = q as i8;

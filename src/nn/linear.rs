@@ -130,7 +130,7 @@ fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: 
     out
 }
 
-/// Floats of one widened block of an f16 weight (1 MiB: it stays in L2 while its GEMM reads it).
+/// Floats of one widened block of an f16 or Q8_0 weight (1 MiB: it stays in L2 while its GEMM reads it).
 const WIDE_BLOCK_FLOATS: usize = 1 << 18;
 
 /// `x [rows, k] · wᵀ + bias` for a weight `w [n, k]` held narrower than f32 (f16, Q8_0):

@@ -1,12 +1,28 @@
 //! A Q8_0 weight held as its GGUF blocks and widened to f32 a block of rows at a time, for CPUs
 //! without an int8 dot-product instruction (AVX2 without VNNI, NEON without the int8 GEMM): there
 //! an int8 product runs no faster than an f32 FMA, so the f32 GEMM does the arithmetic and the
-//! weight keeps Q8_0's memory (8.5 bits per value).
+//! weight keeps Q8_0's memory (8.5 bits per value). Also the GGUF Q8_0 block layout both CPU paths read.
 
 /// Values per Q8_0 block.
-const BLOCK: usize = 32;
-/// Bytes of one Q8_0 block: an f16 scale and 32 signed bytes.
-const BLOCK_BYTES: usize = 2 + BLOCK;
+pub const BLOCK: usize = 32;
+/// Bytes of one Q8_0 block in a GGUF tensor: an f16 scale and 32 signed bytes.
+pub const BLOCK_BYTES: usize = 2 + BLOCK;
+
+/// The blocks per row of an `[n, k]` Q8_0 matrix stored in `len` bytes; `None` when `k` is not a
+/// whole number of blocks, the matrix is empty or the length disagrees.
+pub fn blocks_per_row(len: usize, n: usize, k: usize) -> Option<usize> {
+    if k == 0 || n == 0 || !k.is_multiple_of(BLOCK) {
+        return None;
+    }
+    let kb = k / BLOCK;
+    (len == n.checked_mul(kb)?.checked_mul(BLOCK_BYTES)?).then_some(kb)
+}
+
+/// The scale of one Q8_0 block (its first two bytes, f16 little-endian).
+#[inline(always)]
+pub fn block_scale(block: &[u8]) -> f32 {
+    half::f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
 
 /// A Q8_0 matrix `[n, k]`, row-major blocks as GGUF stores them.
 pub struct Q8Rows {
@@ -25,12 +41,7 @@ impl Q8Rows {
     /// Copies the Q8_0 blocks of an `[n, k]` matrix; `None` when `k` is not a whole number of
     /// blocks or `data` has another length.
     pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> Option<Self> {
-        if k == 0 || n == 0 || !k.is_multiple_of(BLOCK) {
-            return None;
-        }
-        if data.len() != n.checked_mul(k / BLOCK)?.checked_mul(BLOCK_BYTES)? {
-            return None;
-        }
+        blocks_per_row(data.len(), n, k)?;
         Some(Q8Rows { n, k, blocks: data.to_vec() })
     }
 
@@ -57,7 +68,7 @@ super::fast_math::simd_fn! {
     /// `dst[32·b + i] = scale_b · q_b[i]` for the Q8_0 blocks `src`.
     fn widen(src: &[u8], dst: &mut [f32]) -> () {
         for (block, out) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK)) {
-            let scale = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let scale = block_scale(block);
             for (o, &q) in out.iter_mut().zip(&block[2..]) {
                 *o = scale * (q as i8) as f32;
             }

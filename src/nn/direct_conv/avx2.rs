@@ -40,7 +40,7 @@ impl Row<'_> {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn chunk_avx2<const MASKED: bool>(&self, x0: usize) {
         let s = self.s;
-        let (h, w, pad) = (s.h as isize, s.w as isize, s.pad as isize);
+        let (w, pad) = (s.w as isize, s.pad as isize);
         let mut masks = [[_mm256_setzero_si256(); NV]; MAX_KERNEL];
         if MASKED {
             let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -60,15 +60,11 @@ impl Row<'_> {
         for (j, a) in acc.iter_mut().enumerate() {
             *a = [_mm256_set1_ps(self.bias[j]); NV];
         }
-        let y = self.y as isize;
-        let ky_lo = (pad - y).clamp(0, s.kh as isize) as usize;
-        let ky_hi = (h + pad - y).clamp(0, s.kh as isize) as usize;
-        let xp = self.x.as_ptr();
+        let rows = self.kernel_rows();
         let wp = self.w.as_ptr();
         for ci in 0..s.c {
-            for ky in ky_lo..ky_hi {
-                let iy = (y + ky as isize - pad) as usize;
-                let line = xp.add((ci * s.h + iy) * s.w);
+            for ky in rows.clone() {
+                let line = self.line(ci, ky).as_ptr();
                 for (kx, m) in masks.iter().enumerate().take(s.kw) {
                     let mut inp = [_mm256_setzero_ps(); NV];
                     for v in 0..NV {

@@ -30,7 +30,7 @@ impl Row<'_> {
     #[target_feature(enable = "avx512f")]
     unsafe fn chunk<const NV: usize>(&self, x0: usize) {
         let s = self.s;
-        let (h, w, pad) = (s.h as isize, s.w as isize, s.pad as isize);
+        let (w, pad) = (s.w as isize, s.pad as isize);
         // Lanes whose input column (pixel + kx − pad) lies inside the row, per kernel column.
         let mut masks = [[0u16; NV]; MAX_KERNEL];
         for (kx, m) in masks.iter_mut().enumerate().take(s.kw) {
@@ -45,15 +45,11 @@ impl Row<'_> {
         for (j, a) in acc.iter_mut().enumerate() {
             *a = [_mm512_set1_ps(self.bias[j]); NV];
         }
-        let y = self.y as isize;
-        let ky_lo = (pad - y).clamp(0, s.kh as isize) as usize;
-        let ky_hi = (h + pad - y).clamp(0, s.kh as isize) as usize;
-        let xp = self.x.as_ptr();
+        let rows = self.kernel_rows();
         let wp = self.w.as_ptr();
         for ci in 0..s.c {
-            for ky in ky_lo..ky_hi {
-                let iy = (y + ky as isize - pad) as usize;
-                let line = xp.add((ci * s.h + iy) * s.w);
+            for ky in rows.clone() {
+                let line = self.line(ci, ky).as_ptr();
                 for (kx, m) in masks.iter().enumerate().take(s.kw) {
                     let mut inp = [_mm512_setzero_ps(); NV];
                     for v in 0..NV {
