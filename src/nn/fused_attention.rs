@@ -2,8 +2,9 @@
 //! block of query rows: the score block `q kᵀ` (≤ 128 rows × Nk, ≤ 768 KiB) is computed, turned into
 //! probabilities and multiplied by `v` while it is still in cache, so the `[B, H, Nq, Nk]` score
 //! matrix that the unfused path writes and reads three times (45 MB per ViT-S layer at 518²) never
-//! exists. The products run on the `gemm` crate (Candle's own GEMM) single-threaded per task, the
-//! tasks in parallel on rayon.
+//! exists. The products run single-threaded per task, the tasks in parallel on rayon: on AVX2
+//! without AVX-512 on [`panel_gemm`] with each head's keys and values packed once, elsewhere on
+//! the `gemm` crate (Candle's own GEMM).
 use std::cell::RefCell;
 
 use candle_core::{CpuStorage, Layout, Storage, Tensor};
@@ -11,12 +12,16 @@ use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
 use super::fast_math::softmax_numerator;
+use super::panel_gemm::{self, Panels};
 use crate::error::{Error, Result};
 
 /// The most query rows per task (ViT-S at 1370 tokens: 128 rows 8 % faster than 64 with AVX-512).
 const MAX_ROWS: usize = 128;
 /// The score block's size bound in floats (768 KiB, in L2): longer key sets take fewer rows.
 const SCORE_BLOCK_FLOATS: usize = 192 << 10;
+/// The bound where [`panel_gemm`] runs (AVX2 without AVX-512: Zen 2's L2 is 512 KiB; 256 KiB
+/// blocks ran ViT-S attention 2.6 % faster than 768 KiB, 128 KiB 1 % slower).
+const SCORE_BLOCK_FLOATS_AVX2: usize = 64 << 10;
 
 /// A rank-4 `[B, H, N, D]` f32 view whose last dimension is contiguous.
 struct HeadsView<'a> {
@@ -30,8 +35,12 @@ struct HeadsView<'a> {
 impl HeadsView<'_> {
     /// Pointer to row `n` of head `h` of batch item `b`.
     fn row(&self, b: usize, h: usize, n: usize) -> *const f32 {
-        let at = self.offset + b * self.stride_b + h * self.stride_h + n * self.stride_n;
-        self.data[at..].as_ptr()
+        self.from_row(b, h, n).as_ptr()
+    }
+
+    /// The data from row `n` of head `h` of batch item `b` to the end.
+    fn from_row(&self, b: usize, h: usize, n: usize) -> &[f32] {
+        &self.data[self.offset + b * self.stride_b + h * self.stride_h + n * self.stride_n..]
     }
 }
 
@@ -52,18 +61,22 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
     let (qv, kv, vv) = (view(&qs, ql)?, view(&ks, kl)?, view(&vs, vl)?);
-    let rows = (SCORE_BLOCK_FLOATS / nk).clamp(16, MAX_ROWS);
+    let own_gemm = panel_gemm::available();
+    let block_floats = if own_gemm { SCORE_BLOCK_FLOATS_AVX2 } else { SCORE_BLOCK_FLOATS };
+    let rows = (block_floats / nk).clamp(16, MAX_ROWS);
     let mut out = vec![0f32; b * h * nq * d];
     if nq > 0 && d > 0 {
         out.par_chunks_mut(nq * d).enumerate().for_each(|(bh, head_out)| {
             let (bi, hi) = (bh / h, bh % h);
+            // The head's keys and values packed once for all its query blocks.
+            let packed = own_gemm.then(|| (Panels::from_rows(nk, d, |j| kv.from_row(bi, hi, j)), Panels::from_columns(nk, d, |j| vv.from_row(bi, hi, j))));
             head_out.par_chunks_mut(rows * d).enumerate().for_each(|(block, o)| {
                 let first = block * rows;
                 let rows = o.len() / d;
                 SCORES.with(|s| {
                     let mut s = s.borrow_mut();
                     s.resize(rows * nk, 0.0);
-                    attend_block(&qv, &kv, &vv, (bi, hi), first, rows, nk, d, scale, &mut s, o);
+                    attend_block(&qv, &kv, &vv, packed.as_ref(), (bi, hi), first, rows, nk, d, scale, &mut s, o);
                 });
             });
         });
@@ -96,6 +109,7 @@ fn attend_block(
     q: &HeadsView,
     k: &HeadsView,
     v: &HeadsView,
+    packed: Option<&(Panels, Panels)>,
     (b, h): (usize, usize),
     first: usize,
     rows: usize,
@@ -105,31 +119,38 @@ fn attend_block(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    // SAFETY: every pointer addresses `rows × d` (q), `nk × d` (k, v), `rows × nk` (scores) and
-    // `rows × d` (out) elements inside their buffers with the strides given: the views were
-    // checked against their tensors' layouts and the buffers sized from the same dims.
-    unsafe {
-        gemm(
-            rows, nk, d,
-            scores.as_mut_ptr(), 1, nk as isize, false,
-            q.row(b, h, first), 1, q.stride_n as isize,
-            k.row(b, h, 0), k.stride_n as isize, 1,
-            0.0, 1.0, false, false, false, Parallelism::None,
-        );
+    let q_rows = q.from_row(b, h, first);
+    match packed {
+        Some((keys, _)) => panel_gemm::multiply(q_rows, q.stride_n, rows, keys, scores, nk, false),
+        // SAFETY: every pointer addresses `rows × d` (q), `nk × d` (k, v), `rows × nk` (scores)
+        // and `rows × d` (out) elements inside their buffers with the strides given: the views
+        // were checked against their tensors' layouts and the buffers sized from the same dims.
+        None => unsafe {
+            gemm(
+                rows, nk, d,
+                scores.as_mut_ptr(), 1, nk as isize, false,
+                q_rows.as_ptr(), 1, q.stride_n as isize,
+                k.row(b, h, 0), k.stride_n as isize, 1,
+                0.0, 1.0, false, false, false, Parallelism::None,
+            );
+        },
     }
     let mut sums = [0f32; MAX_ROWS];
     for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
         sums[r] = softmax_numerator(row, scale);
     }
-    // SAFETY: as above.
-    unsafe {
-        gemm(
-            rows, d, nk,
-            out.as_mut_ptr(), 1, d as isize, false,
-            scores.as_ptr(), 1, nk as isize,
-            v.row(b, h, 0), 1, v.stride_n as isize,
-            0.0, 1.0, false, false, false, Parallelism::None,
-        );
+    match packed {
+        Some((_, values)) => panel_gemm::multiply(scores, nk, rows, values, out, d, false),
+        // SAFETY: as above.
+        None => unsafe {
+            gemm(
+                rows, d, nk,
+                out.as_mut_ptr(), 1, d as isize, false,
+                scores.as_ptr(), 1, nk as isize,
+                v.row(b, h, 0), 1, v.stride_n as isize,
+                0.0, 1.0, false, false, false, Parallelism::None,
+            );
+        },
     }
     for (row, sum) in out.chunks_exact_mut(d).zip(sums) {
         let inv = 1.0 / sum;

@@ -17,6 +17,7 @@ pub mod int8_gemm;
 pub mod interpolate;
 pub mod layers;
 pub mod linear;
+pub mod panel_gemm;
 pub mod q8_rows;
 pub mod rope;
 pub mod rope2d;
