@@ -14,6 +14,7 @@ use super::interpolate::{bicubic, Resize};
 use super::grad::layer_norm as layer_norm_grad;
 use super::layers::{conv2d, layer_norm};
 use super::linear::Linear;
+use super::residual::add_scaled;
 use super::rope2d::Rope2d;
 use crate::config_check::{Section, MAX_INPUT_CHANNELS, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
@@ -424,9 +425,9 @@ impl Block {
     }
 
     fn finish(&self, x: &Tensor, h: &Tensor) -> Result<Tensor> {
-        let x = (x + h.broadcast_mul(&self.ls1)?)?;
+        let x = add_scaled(x, h, &self.ls1)?;
         let h = self.ffn.forward(&layer_norm_grad(&self.norm2, &x)?)?;
-        Ok((x + h.broadcast_mul(&self.ls2)?)?)
+        Ok(add_scaled(&x, &h, &self.ls2)?)
     }
 }
 

@@ -19,6 +19,7 @@ pub mod layers;
 pub mod linear;
 pub mod panel_gemm;
 pub mod q8_rows;
+pub mod residual;
 pub mod rope;
 pub mod rope2d;
 
