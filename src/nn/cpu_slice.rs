@@ -26,3 +26,46 @@ impl SharedOut {
         self.0.wrapping_add(offset)
     }
 }
+
+/// The `[cols, rows]` transpose of a row-major `[rows, cols]` matrix, in parallel 32 × 32 tiles
+/// (element by element, Candle's strided copy takes ~4× as long on a ViT-L weight).
+pub fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
+    use rayon::prelude::*;
+    const TILE: usize = 32;
+    assert!(src.len() >= rows * cols, "transposed: {} elements for a {rows} × {cols} matrix", src.len());
+    let mut out = vec![T::default(); rows * cols];
+    if rows == 0 || cols == 0 {
+        return out;
+    }
+    // Each task writes TILE output rows (source columns c0 .. c0 + TILE), tile by tile.
+    out.par_chunks_mut(TILE * rows).enumerate().for_each(|(block, dst)| {
+        let c0 = block * TILE;
+        let width = dst.len() / rows;
+        for r0 in (0..rows).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                let line = &src[r * cols + c0..][..width];
+                for (c, &v) in line.iter().enumerate() {
+                    dst[c * rows + r] = v;
+                }
+            }
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every element lands at its transposed place, for shapes off the tile size.
+    #[test]
+    fn transposes_at_odd_shapes() {
+        for (rows, cols) in [(1, 1), (3, 70), (33, 31), (64, 65), (0, 5)] {
+            let src: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
+            let t = super::transposed(&src, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(t[c * rows + r], src[r * cols + c], "{rows} × {cols} at ({r}, {c})");
+                }
+            }
+        }
+    }
+}

@@ -12,10 +12,15 @@ use crate::weights::Vb;
 enum Weight {
     /// Dense `[out, in]`, in the compute dtype.
     Dense(Tensor),
+    /// A frozen f32 weight on the CPU, held transposed: `[in, out]`. The GEMM reads its rows in
+    /// place; held `[out, in]`, the `gemm` crate gathered it into panels again on every product
+    /// (ViT-L linears at 681 tokens on Zen 4: 161–178 → 209–214 GFLOP/s).
+    Transposed(Tensor),
     /// Block-quantized `[out, in]`.
     Quantized(QMatMul),
-    /// f16 `[out, in]` (an f16-stored matrix used in f32 on the CPU), widened to f32 for each
-    /// product: half the memory of f32 at f32 speed, where the CPU has no fast f16 arithmetic.
+    /// f16 `[in, out]` (an f16-stored matrix used in f32 on the CPU, held transposed like
+    /// [`Weight::Transposed`]), widened to f32 for each product: half the memory of f32 at f32
+    /// speed, where the CPU has no fast f16 arithmetic.
     Half(Tensor),
     /// A Q8_0 matrix repacked for the int8 GEMM (CPUs with AVX-512 VNNI or AVX-VNNI).
     Int8(std::sync::Arc<PackedQ8>),
@@ -65,6 +70,12 @@ fn stored_f16_for_f32_cpu(vb: &Vb) -> bool {
         && vb.store().stored_dtype(&vb.path("weight")).and_then(|d| d.plain()) == Some(DType::F16)
 }
 
+/// Whether `vb`'s dense `weight` is used frozen in f32 on the CPU: then it is held transposed
+/// ([`Weight::Transposed`]).
+fn frozen_f32_cpu(vb: &Vb) -> bool {
+    vb.device().is_cpu() && vb.dtype() == DType::F32 && !vb.is_trainable("weight")
+}
+
 /// The `[out]` bias under `vb` when the layer has one.
 fn load_bias(vb: &Vb, out_dim: usize, bias: bool) -> Result<Option<Tensor>> {
     Ok(if bias { Some(vb.get(out_dim, "bias")?) } else { None })
@@ -102,38 +113,52 @@ fn bias_rows(rows: usize, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
     out
 }
 
-/// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · wᵀ` for a row-major f32 block `w [nb, k]` and the
-/// row-major `[rows, n]` output at `out` (read first when `accumulate`).
+/// How a block of a weight's values lies in memory.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// `[nb, k]` row-major: output column `j`'s weights contiguous.
+    OutIn,
+    /// `[k, ·]` rows `stride` apart, the block's `nb` columns first in each: input feature `p`'s
+    /// weights contiguous.
+    InOut { stride: usize },
+}
+
+/// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · w` for a weight block `w` of `nb` output columns laid
+/// out as `layout` says and the row-major `[rows, n]` output at `out` (read first when `accumulate`).
 ///
 /// # Safety
 /// `out` addresses `rows × n` floats that no other task writes in columns `j0 .. j0 + nb`;
-/// `xs` holds `rows × k` and `ws` `nb × k` floats.
+/// `xs` holds `rows × k` floats and `ws` the block's `nb × k` values at its layout.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], rows: usize, k: usize, ws: &[f32], nb: usize, accumulate: bool, par: gemm::Parallelism) {
+unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], rows: usize, k: usize, ws: &[f32], layout: Layout, nb: usize, accumulate: bool, par: gemm::Parallelism) {
+    let (rhs_cs, rhs_rs) = match layout {
+        Layout::OutIn => (k as isize, 1),
+        Layout::InOut { stride } => (1, stride as isize),
+    };
     gemm::gemm(
         rows, nb, k,
         out.add(j0), 1, n as isize, accumulate,
         xs.as_ptr(), 1, k as isize,
-        ws.as_ptr(), k as isize, 1,
+        ws.as_ptr(), rhs_cs, rhs_rs,
         1.0, 1.0, false, false, false, par,
     );
 }
 
-/// `x [rows, k] · wᵀ + bias` for row-major f32 `x` and `w [n, k]`, one (threaded) GEMM into the
-/// bias rows.
-fn xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+/// `x [rows, k] · w + bias` for row-major f32 `x` and an f32 weight of `n` output columns laid out
+/// as `layout` says, one (threaded) GEMM into the bias rows.
+fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], layout: Layout, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
     let mut out = bias_rows(rows, n, bias);
     let threads = rayon::current_num_threads();
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     // SAFETY: `out` is rows × n, this is its only writer; `xs` is rows × k and `ws` n × k.
-    unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, xs, rows, k, ws, n, bias.is_some(), par) };
+    unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, xs, rows, k, ws, layout, n, bias.is_some(), par) };
     out
 }
 
 /// Floats of one widened block of an f16 or Q8_0 weight (1 MiB: it stays in L2 while its GEMM reads it).
 const WIDE_BLOCK_FLOATS: usize = 1 << 18;
 
-/// `x [rows, k] · wᵀ + bias` for a weight `w [n, k]` held narrower than f32 (f16, Q8_0):
+/// `x [rows, k] · wᵀ + bias` for a weight `w [n, k]` held narrower than f32 (Q8_0 rows):
 /// `widen(j0, dst)` writes weight rows `j0 ..` into `dst` in f32. Blocks of weight rows are widened
 /// into a per-thread buffer that stays in cache, and each block's GEMM writes its columns of the
 /// output, the blocks in parallel. (Widening the whole matrix first wrote and re-read an f32 copy
@@ -155,8 +180,8 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
             wide.resize(nb * k, 0.0);
             widen(j0, wide);
             // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output; `xs`
-            // is rows × k, `wide` nb × k.
-            unsafe { gemm_into_columns(dst.at(0), n, j0, xs, rows, k, wide, nb, bias.is_some(), gemm::Parallelism::None) };
+            // is rows × k, `wide` the block's nb × k values.
+            unsafe { gemm_into_columns(dst.at(0), n, j0, xs, rows, k, wide, Layout::OutIn, nb, bias.is_some(), gemm::Parallelism::None) };
         };
         WIDENED.with(|cell| match cell.try_borrow_mut() {
             Ok(mut wide) => product(&mut wide),
@@ -167,37 +192,104 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
     out
 }
 
-/// [`widened_xwt_plus_bias`] for an f16 weight (`half`'s vectorised F16C / NEON conversion).
-fn half_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
-    use half::slice::HalfFloatSliceExt;
-    widened_xwt_plus_bias(xs, rows, k, n, bias, |j0, dst| ws[j0 * k..][..dst.len()].convert_to_f32_slice(dst))
+/// Floats of one widened slab of a transposed f16 weight (4 MiB: it stays in L3 while the GEMM
+/// reads it, and a slab is at least [`MIN_SLAB_ROWS`] deep).
+const WIDE_SLAB_FLOATS: usize = 1 << 20;
+/// The fewest input features per slab: fewer make the output's passes the larger traffic.
+const MIN_SLAB_ROWS: usize = 128;
+
+/// `x [rows, k] · w + bias` for a transposed f16 weight `w [k, n]`: slabs of input features (all
+/// `n` columns, contiguous in `w`) are widened to f32 in turn (`half`'s vectorised F16C / NEON
+/// conversion, in parallel) and each slab's threaded GEMM adds `x[:, slab] · slab` into the output.
+/// Each activation is packed by the GEMM once in all, where blocks of output columns made every
+/// block's GEMM pack all of `x` again (CHMv2's 4096-wide MLP: 64-column blocks, 11 MB of `x` each).
+fn half_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+    let depth = (WIDE_SLAB_FLOATS / n.max(1)).max(MIN_SLAB_ROWS);
+    half_slabs_xw_plus_bias(xs, rows, k, ws, n, bias, depth)
 }
 
-/// `x [rows, k] · wᵀ + bias` computed in f32 on the CPU outside Candle's ops, for a weight `w
-/// [n, k]` stored in f32 or f16 (widened per product: half the memory of f32, where the CPU has no
-/// fast f16 arithmetic). `None` when `x`, `w` or the bias is not on the CPU, has another dtype or
-/// records a gradient: then Candle's ops run.
-fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
+/// [`half_xw_plus_bias`] with slabs of `depth` input features.
+fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, depth: usize) -> Vec<f32> {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    thread_local! {
+        static SLAB: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut out = bias_rows(rows, n, bias);
+    if k == 0 || n == 0 {
+        return out;
+    }
+    let depth = depth.clamp(1, k);
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    let mut multiply = |slab: &mut Vec<f32>| {
+        for p0 in (0..k).step_by(depth) {
+            let kb = depth.min(k - p0);
+            slab.clear();
+            slab.resize(kb * n, 0.0);
+            slab.par_chunks_mut(n).zip(ws[p0 * n..][..kb * n].par_chunks(n)).for_each(|(dst, src)| src.convert_to_f32_slice(dst));
+            // The slab's columns of x: x[:, p0 ..] with row stride k.
+            // SAFETY: `out` is rows × n and this is its only writer; `xs[p0..]` holds rows × kb
+            // floats at row stride k; `slab` is kb × n.
+            unsafe {
+                gemm::gemm(
+                    rows, n, kb,
+                    out.as_mut_ptr(), 1, n as isize, bias.is_some() || p0 > 0,
+                    xs[p0..].as_ptr(), 1, k as isize,
+                    slab.as_ptr(), 1, n as isize,
+                    1.0, 1.0, false, false, false, par,
+                );
+            }
+        }
+    };
+    SLAB.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut slab) => multiply(&mut slab),
+        Err(_) => multiply(&mut Vec::new()),
+    });
+    out
+}
+
+/// `x [rows, k] · w + bias` computed in f32 on the CPU outside Candle's ops, for a weight held
+/// `[n, k]` in f32, or transposed (`transposed`: `[k, n]`) in f32 or f16 (widened per product).
+/// `None` when `x`, `w` or the bias is not on the CPU, has another dtype or records a gradient:
+/// then Candle's ops run.
+fn cpu_f32_product(x: &Tensor, w: &Tensor, transposed: bool, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
     if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() || w.track_op() {
         return Ok(None);
     }
     let Some(bias) = frozen_bias(bias)? else { return Ok(None) };
-    let ((rows, in_dim), (n, k)) = (x.dims2()?, w.dims2()?);
+    let (rows, in_dim) = x.dims2()?;
+    let (n, k) = if transposed { w.t()?.dims2()? } else { w.dims2()? };
     if in_dim != k {
         candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
     }
-    let out = match w.dtype() {
-        DType::F32 => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
-            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xwt_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+    let layout = if transposed { Layout::InOut { stride: n } } else { Layout::OutIn };
+    let out = match (w.dtype(), transposed) {
+        (DType::F32, _) => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xw_plus_bias(xs, rows, k, ws, layout, n, bias.as_deref()))
         })?,
-        DType::F16 => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
-            super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xwt_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+        (DType::F16, true) => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xw_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
         })?,
         _ => return Ok(None),
     };
     match out.transpose()?.flatten() {
         Some(y) => Ok(Some(Tensor::from_vec(y, (rows, n), x.device())?)),
         None => Ok(None),
+    }
+}
+
+/// `w [out, in]` as a contiguous `[in, out]` CPU tensor of the same dtype (f32 or f16).
+fn hold_transposed(w: Tensor) -> Result<Tensor> {
+    let (out_dim, in_dim) = w.dims2()?;
+    let t = match w.dtype() {
+        DType::F32 => super::cpu_slice::with_contiguous(&w, |ws: &[f32]| Tensor::from_vec(super::cpu_slice::transposed(ws, out_dim, in_dim), (in_dim, out_dim), w.device()))?,
+        DType::F16 => super::cpu_slice::with_contiguous(&w, |ws: &[half::f16]| Tensor::from_vec(super::cpu_slice::transposed(ws, out_dim, in_dim), (in_dim, out_dim), w.device()))?,
+        _ => None,
+    };
+    match t {
+        Some(t) => Ok(t?),
+        None => Ok(w.t()?.contiguous()?),
     }
 }
 
@@ -247,8 +339,9 @@ impl Linear {
             None if stored_f16_for_f32_cpu(vb) => {
                 let w = vb.with_dtype(DType::F16).get((out_dim, in_dim), "weight")?;
                 vb.store().release_pages();
-                Weight::Half(w)
+                Weight::Half(hold_transposed(w)?)
             }
+            None if frozen_f32_cpu(vb) => Weight::Transposed(hold_transposed(vb.get((out_dim, in_dim), "weight")?)?),
             None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
         };
         Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim })
@@ -269,14 +362,20 @@ impl Linear {
 impl Linear {
     /// `x [rows, in] → [rows, out]`.
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
-        if let Weight::Dense(w) | Weight::Half(w) = &self.weight {
-            if let Some(y) = cpu_f32_product(x2, w, self.bias.as_ref())? {
+        let held = match &self.weight {
+            Weight::Dense(w) => Some((w, false)),
+            Weight::Transposed(w) | Weight::Half(w) => Some((w, true)),
+            _ => None,
+        };
+        if let Some((w, transposed)) = held {
+            if let Some(y) = cpu_f32_product(x2, w, transposed, self.bias.as_ref())? {
                 return Ok(y);
             }
         }
         let y = match &self.weight {
             Weight::Dense(w) => x2.matmul(&w.t()?)?,
-            Weight::Half(w) => x2.matmul(&w.to_dtype(x2.dtype())?.t()?)?,
+            Weight::Transposed(w) => x2.matmul(w)?,
+            Weight::Half(w) => x2.matmul(&w.to_dtype(x2.dtype())?)?,
             Weight::Quantized(q) => {
                 let dt = x2.dtype();
                 let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
@@ -342,15 +441,16 @@ impl Module for Linear {
 }
 
 impl Linear {
-    /// Fuses several dense (or all f16) layers over the same input into one (outputs concatenated),
-    /// or None when any part is quantized, of another kind or trainable (a fused copy would not follow the optimiser's updates).
+    /// Fuses several layers over the same input into one (outputs concatenated) when all are dense
+    /// and held alike (`[out, in]`, transposed, or f16); None when any part is quantized, held
+    /// otherwise or trainable (a fused copy would not follow the optimiser's updates).
     pub fn concat(parts: &[Linear]) -> Result<Option<Linear>> {
         let mut ws = Vec::with_capacity(parts.len());
         let mut bs = Vec::with_capacity(parts.len());
-        let half = parts.first().is_some_and(|p| matches!(p.weight, Weight::Half(_)));
+        let Some(first) = parts.first() else { return Ok(None) };
         for p in parts {
-            let w = match (&p.weight, half) {
-                (Weight::Dense(w), false) | (Weight::Half(w), true) => w,
+            let w = match (&first.weight, &p.weight) {
+                (Weight::Dense(_), Weight::Dense(w)) | (Weight::Transposed(_), Weight::Transposed(w)) | (Weight::Half(_), Weight::Half(w)) => w,
                 _ => return Ok(None),
             };
             if w.is_variable() || p.bias.as_ref().is_some_and(|b| b.is_variable()) {
@@ -367,9 +467,13 @@ impl Linear {
         } else {
             return Ok(None);
         };
-        let w = Tensor::cat(&ws, 0)?;
-        let out_dim = w.dim(0)?;
-        Ok(Some(Linear { out_dim, weight: if half { Weight::Half(w) } else { Weight::Dense(w) }, bias }))
+        let out_dim = parts.iter().map(|p| p.out_dim).sum();
+        let weight = match first.weight {
+            Weight::Dense(_) => Weight::Dense(Tensor::cat(&ws, 0)?),
+            Weight::Transposed(_) => Weight::Transposed(Tensor::cat(&ws, 1)?),
+            _ => Weight::Half(Tensor::cat(&ws, 1)?),
+        };
+        Ok(Some(Linear { out_dim, weight, bias }))
     }
 }
 
@@ -402,6 +506,56 @@ mod tests {
         let trainable = crate::weights::Trainable::new(|_| true);
         let lin = Linear::load(&vb.with_trainable(trainable), 32, 8, true).unwrap();
         assert!(matches!(lin.weight, Weight::Dense(_)));
+    }
+
+    /// A frozen f32 weight on the CPU is held transposed and gives x·Wᵀ + b, alone and fused with
+    /// others by `concat`; a gradient still reaches an input that records one (Candle's ops run).
+    #[test]
+    fn frozen_f32_weights_are_held_transposed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let cpu = Device::Cpu;
+        let (k, n) = (40, 24);
+        let ws: Vec<Tensor> = (0..2).map(|_| Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap()).collect();
+        let bs: Vec<Tensor> = (0..2).map(|_| Tensor::randn(0f32, 1.0, n, &cpu).unwrap()).collect();
+        let tensors: HashMap<String, Tensor> = (0..2).flat_map(|i| [(format!("l{i}.weight"), ws[i].clone()), (format!("l{i}.bias"), bs[i].clone())]).collect();
+        candle_core::safetensors::save(&tensors, &path).unwrap();
+        let vb = Vb::new(Arc::new(WeightStore::open(&path).unwrap()), DType::F32, cpu.clone());
+        let lins: Vec<Linear> = (0..2).map(|i| Linear::load(&vb.pp(format!("l{i}")), k, n, true).unwrap()).collect();
+        assert!(matches!(lins[0].weight, Weight::Transposed(_)));
+        let fused = Linear::concat(&lins).unwrap().unwrap();
+        assert!(matches!(fused.weight, Weight::Transposed(_)));
+        let max_err = |a: &Tensor, b: &Tensor| (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        for rows in [1, 7, 300] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &cpu).unwrap();
+            let want: Vec<Tensor> = (0..2).map(|i| x.matmul(&ws[i].t().unwrap()).unwrap().broadcast_add(&bs[i]).unwrap()).collect();
+            assert!(max_err(&lins[1].forward(&x).unwrap(), &want[1]) < 1e-4, "{rows} rows");
+            assert!(max_err(&fused.forward(&x).unwrap(), &Tensor::cat(&want, 1).unwrap()) < 1e-4, "{rows} rows, fused");
+        }
+        let x = candle_core::Var::randn(0f32, 1.0, (5, k), &cpu).unwrap();
+        let grads = lins[0].forward(x.as_tensor()).unwrap().sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let y = x.as_tensor().matmul(&ws[0].t().unwrap()).unwrap().broadcast_add(&bs[0]).unwrap();
+        let want = y.affine(2.0, 0.0).unwrap().matmul(&ws[0]).unwrap();
+        assert!(max_err(grads.get(x.as_tensor()).unwrap(), &want) < 1e-3);
+    }
+
+    /// The f16 product over slabs of input features equals the f32 product of the widened weight,
+    /// bias included, whatever the slab depth (one, several, a partial last one).
+    #[test]
+    fn f16_slabs_multiply_as_the_widened_weight() {
+        let (rows, k, n) = (9, 70, 13);
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+        let w: Vec<half::f16> = (0..k * n).map(|i| half::f16::from_f32(((i * 53) % 97) as f32 / 48.0 - 1.0)).collect();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 / 7.0).collect();
+        for depth in [1, 16, 64, 70, 500] {
+            let got = half_slabs_xw_plus_bias(&x, rows, k, &w, n, Some(&bias), depth);
+            for r in 0..rows {
+                for j in 0..n {
+                    let want = bias[j] as f64 + (0..k).map(|p| x[r * k + p] as f64 * w[p * n + j].to_f64()).sum::<f64>();
+                    assert!((got[r * n + j] as f64 - want).abs() < 1e-4, "depth {depth} at ({r}, {j})");
+                }
+            }
+        }
     }
 
     /// A Q8_0 weight held in rows gives the f32 product of its dequantized values, bias included,
