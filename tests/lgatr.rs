@@ -501,6 +501,25 @@ fn chunked_attention_matches_full() {
     }
 }
 
+/// Without a mask, f32 attention on the CPU takes the fused kernel (multi-query keys broadcast
+/// across heads); it matches the explicit softmax.
+#[test]
+fn unmasked_f32_attention_matches_explicit_softmax() {
+    let mut rng = Rng(11);
+    let (b, h, n, d) = (2, 3, 37, 8);
+    let q = rng.tensor(&[b, h, n, d], DType::F32);
+    for hk in [h, 1] {
+        let k = rng.tensor(&[b, hk, n, d], DType::F32);
+        let v = rng.tensor(&[b, hk, n, d], DType::F32);
+        let got = sdpa(&q, &k, &v, None).unwrap();
+        let kk = k.broadcast_as((b, h, n, d)).unwrap().contiguous().unwrap();
+        let vv = v.broadcast_as((b, h, n, d)).unwrap().contiguous().unwrap();
+        let p = candle_nn::ops::softmax(&q.matmul(&kk.transpose(2, 3).unwrap()).unwrap(), 3).unwrap();
+        let want = p.matmul(&vv).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5, "{hk} key heads: {}", max_diff(&got, &want));
+    }
+}
+
 /// Unknown keys, unknown model types and unsupported options are config errors.
 #[test]
 fn config_errors_are_reported() {

@@ -15,6 +15,7 @@ use super::config::LgatrConfig;
 use super::equi_linear::{DenseMap, EquiLinearWeights, FusedLinear};
 use super::norm::EquiNorm;
 use crate::error::{Error, Result};
+use crate::nn::fused_attention;
 
 /// Largest score block (elements) materialised at once; queries are processed in chunks above it.
 pub const SCORE_BUDGET: usize = 1 << 24;
@@ -65,6 +66,13 @@ pub fn sdpa_with_budget(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor
         return Err(Error::Input(format!("sdpa: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
     }
     let shared = hk == 1 && h > 1;
+    if bias.is_none() && dv == d {
+        // f32 on the CPU: one fused pass per head and query block (no score tensor, the fast exp).
+        let (kh, vh) = if shared { (k.broadcast_as((b, h, nk, d))?, v.broadcast_as((b, h, nk, d))?) } else { (k.clone(), v.clone()) };
+        if fused_attention::applies(q, &kh, &vh) {
+            return fused_attention::attention(q, &kh, &vh, 1.0);
+        }
+    }
     let g = if shared { b } else { b * h };
     let kt = k.contiguous()?.reshape((g, nk, d))?.transpose(1, 2)?;
     let vv = v.contiguous()?.reshape((g, nk, dv))?;
