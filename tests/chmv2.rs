@@ -93,6 +93,17 @@ fn bins_and_norm_strategies() {
     assert_close("one bin", &got, &e["one_bin"].squeeze(1).unwrap(), F32_REL);
 }
 
+/// The fused f32 CPU mixlog pass matches Candle's ops (run in f64) over two items, pixels across
+/// its block boundary, and logits with negative minima (the shift) and large values.
+#[test]
+fn fused_mixlog_matches_the_op_by_op_path() {
+    let f = FeaturesToDepth::new("chmv2_mixlog", "chmv2_mixlog", 0.001, 96.0).unwrap();
+    let logits = (Tensor::randn(0f32, 3.0, (2, 16, 17, 19), &candle_core::Device::Cpu).unwrap() - 0.5).unwrap();
+    let fused = f.forward(&logits).unwrap();
+    let ops = f.forward(&logits.to_dtype(DType::F64).unwrap()).unwrap().to_dtype(DType::F32).unwrap();
+    assert_close("fused mixlog", &fused, &ops, F32_REL);
+}
+
 #[test]
 fn unknown_strategies_are_config_errors() {
     for (b, n) in [("cubic", "linear"), ("linear", "argmax")] {

@@ -9,6 +9,7 @@ use candle_core::{DType, Module, Tensor, D};
 use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
+use super::chmv2_heights::{mixlog_heights, MixLog};
 use super::{Model, NamedTensors};
 use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
@@ -199,6 +200,12 @@ impl FeaturesToDepth {
         let (_, n, _, _) = x.dims4()?;
         if n == 1 {
             return Ok((x.relu()? + self.min_depth)?.squeeze(1)?);
+        }
+        if self.norm == NormStrategy::MixLog {
+            let c = MixLog { max_clamp: MIXLOG_MAX_CLAMP as f32, eps_shift: MIXLOG_EPS_SHIFT as f32, eps: MIXLOG_EPS as f32, scale: 8.0 };
+            if let Some(heights) = mixlog_heights(&x, &self.bins(n), &c)? {
+                return Ok(heights);
+            }
         }
         let bins = Tensor::from_vec(self.bins(n), (1, n, 1, 1), x.device())?.to_dtype(dt)?;
         let out = match self.norm {
