@@ -10,8 +10,10 @@
 /// Columns of one packed panel (two ymm registers).
 pub const NR: usize = 16;
 /// Rows of the register tile.
+#[cfg(target_arch = "x86_64")]
 const MR: usize = 6;
 /// Depth of one pass over a panel: its `KC × 16` slice (16 KiB) stays in L1.
+#[cfg(target_arch = "x86_64")]
 const KC: usize = 256;
 
 /// Whether this CPU runs [`multiply`]: AVX2 and FMA, without AVX-512 (where the `gemm` crate's
