@@ -123,14 +123,15 @@ enum Layout {
     InOut { stride: usize },
 }
 
-/// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · w` for a weight block `w` of `nb` output columns laid
-/// out as `layout` says and the row-major `[rows, n]` output at `out` (read first when `accumulate`).
+/// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · w` for `x` row-major with row stride `ldx`, a weight
+/// block `w` of `nb` output columns laid out as `layout` says, and the row-major `[rows, n]` output
+/// at `out` (read first when `accumulate`).
 ///
 /// # Safety
 /// `out` addresses `rows × n` floats that no other task writes in columns `j0 .. j0 + nb`;
-/// `xs` holds `rows × k` floats and `ws` the block's `nb × k` values at its layout.
+/// `xs` holds `rows` rows of `k` floats `ldx` apart and `ws` the block's `nb × k` values at its layout.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], rows: usize, k: usize, ws: &[f32], layout: Layout, nb: usize, accumulate: bool, par: gemm::Parallelism) {
+unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx: usize, rows: usize, k: usize, ws: &[f32], layout: Layout, nb: usize, accumulate: bool, par: gemm::Parallelism) {
     let (rhs_cs, rhs_rs) = match layout {
         Layout::OutIn => (k as isize, 1),
         Layout::InOut { stride } => (1, stride as isize),
@@ -138,20 +139,20 @@ unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], rows
     gemm::gemm(
         rows, nb, k,
         out.add(j0), 1, n as isize, accumulate,
-        xs.as_ptr(), 1, k as isize,
+        xs.as_ptr(), 1, ldx as isize,
         ws.as_ptr(), rhs_cs, rhs_rs,
         1.0, 1.0, false, false, false, par,
     );
 }
 
-/// `x [rows, k] · w + bias` for row-major f32 `x` and an f32 weight of `n` output columns laid out
-/// as `layout` says, one (threaded) GEMM into the bias rows.
-fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], layout: Layout, n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+/// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`, one
+/// (threaded) GEMM into the bias rows.
+fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
     let mut out = bias_rows(rows, n, bias);
     let threads = rayon::current_num_threads();
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    // SAFETY: `out` is rows × n, this is its only writer; `xs` is rows × k and `ws` n × k.
-    unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, xs, rows, k, ws, layout, n, bias.is_some(), par) };
+    // SAFETY: `out` is rows × n, this is its only writer; `xs` is rows × k and `ws` k × n.
+    unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, xs, k, rows, k, ws, Layout::InOut { stride: n }, n, bias.is_some(), par) };
     out
 }
 
@@ -181,7 +182,7 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
             widen(j0, wide);
             // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output; `xs`
             // is rows × k, `wide` the block's nb × k values.
-            unsafe { gemm_into_columns(dst.at(0), n, j0, xs, rows, k, wide, Layout::OutIn, nb, bias.is_some(), gemm::Parallelism::None) };
+            unsafe { gemm_into_columns(dst.at(0), n, j0, xs, k, rows, k, wide, Layout::OutIn, nb, bias.is_some(), gemm::Parallelism::None) };
         };
         WIDENED.with(|cell| match cell.try_borrow_mut() {
             Ok(mut wide) => product(&mut wide),
@@ -228,18 +229,9 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
             slab.clear();
             slab.resize(kb * n, 0.0);
             slab.par_chunks_mut(n).zip(ws[p0 * n..][..kb * n].par_chunks(n)).for_each(|(dst, src)| src.convert_to_f32_slice(dst));
-            // The slab's columns of x: x[:, p0 ..] with row stride k.
-            // SAFETY: `out` is rows × n and this is its only writer; `xs[p0..]` holds rows × kb
-            // floats at row stride k; `slab` is kb × n.
-            unsafe {
-                gemm::gemm(
-                    rows, n, kb,
-                    out.as_mut_ptr(), 1, n as isize, bias.is_some() || p0 > 0,
-                    xs[p0..].as_ptr(), 1, k as isize,
-                    slab.as_ptr(), 1, n as isize,
-                    1.0, 1.0, false, false, false, par,
-                );
-            }
+            // SAFETY: `out` is rows × n and this is its only writer; `xs[p0..]` holds the slab's
+            // columns of x, rows of kb floats k apart; `slab` is kb × n.
+            unsafe { gemm_into_columns(out.as_mut_ptr(), n, 0, &xs[p0..], k, rows, kb, slab, Layout::InOut { stride: n }, n, bias.is_some() || p0 > 0, par) };
         }
     };
     SLAB.with(|cell| match cell.try_borrow_mut() {
@@ -250,25 +242,23 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
 }
 
 /// `x [rows, k] · w + bias` computed in f32 on the CPU outside Candle's ops, for a weight held
-/// `[n, k]` in f32, or transposed (`transposed`: `[k, n]`) in f32 or f16 (widened per product).
-/// `None` when `x`, `w` or the bias is not on the CPU, has another dtype or records a gradient:
-/// then Candle's ops run.
-fn cpu_f32_product(x: &Tensor, w: &Tensor, transposed: bool, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
+/// transposed, `[k, n]`, in f32 or f16 (widened per product). `None` when `x`, `w` or the bias is
+/// not on the CPU, has another dtype or records a gradient: then Candle's ops run.
+fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
     if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() || w.track_op() {
         return Ok(None);
     }
     let Some(bias) = frozen_bias(bias)? else { return Ok(None) };
     let (rows, in_dim) = x.dims2()?;
-    let (n, k) = if transposed { w.t()?.dims2()? } else { w.dims2()? };
+    let (k, n) = w.dims2()?;
     if in_dim != k {
         candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
     }
-    let layout = if transposed { Layout::InOut { stride: n } } else { Layout::OutIn };
-    let out = match (w.dtype(), transposed) {
-        (DType::F32, _) => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
-            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xw_plus_bias(xs, rows, k, ws, layout, n, bias.as_deref()))
+    let out = match w.dtype() {
+        DType::F32 => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xw_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
         })?,
-        (DType::F16, true) => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
+        DType::F16 => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
             super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xw_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
         })?,
         _ => return Ok(None),
@@ -347,10 +337,16 @@ impl Linear {
         Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim })
     }
 
-    /// Builds from tensors already in memory.
+    /// Builds from tensors already in memory (`weight` `[out, in]`; held transposed when it is a
+    /// frozen f32 CPU tensor, as [`Linear::load`] holds one).
     pub fn from_tensors(weight: Tensor, bias: Option<Tensor>) -> Result<Self> {
         let out_dim = weight.dim(0)?;
-        Ok(Linear { weight: Weight::Dense(weight), bias, out_dim })
+        let weight = if weight.device().is_cpu() && weight.dtype() == DType::F32 && !weight.track_op() {
+            Weight::Transposed(hold_transposed(weight)?)
+        } else {
+            Weight::Dense(weight)
+        };
+        Ok(Linear { weight, bias, out_dim })
     }
 
     /// Whether the weight is kept quantized.
@@ -362,13 +358,8 @@ impl Linear {
 impl Linear {
     /// `x [rows, in] → [rows, out]`.
     fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
-        let held = match &self.weight {
-            Weight::Dense(w) => Some((w, false)),
-            Weight::Transposed(w) | Weight::Half(w) => Some((w, true)),
-            _ => None,
-        };
-        if let Some((w, transposed)) = held {
-            if let Some(y) = cpu_f32_product(x2, w, transposed, self.bias.as_ref())? {
+        if let Weight::Transposed(w) | Weight::Half(w) = &self.weight {
+            if let Some(y) = cpu_f32_product(x2, w, self.bias.as_ref())? {
                 return Ok(y);
             }
         }

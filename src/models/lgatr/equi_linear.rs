@@ -112,12 +112,7 @@ impl DenseMap {
 
     /// Uploads as a [`FusedLinear`] in `dtype` on `device`.
     pub fn to_fused(&self, device: &Device, dtype: DType) -> Result<FusedLinear> {
-        let mut wt = vec![0.0f64; self.rows * self.cols];
-        for r in 0..self.rows {
-            for c in 0..self.cols {
-                wt[c * self.rows + r] = self.m[r * self.cols + c];
-            }
-        }
+        let wt = crate::nn::cpu_slice::transposed(&self.m, self.rows, self.cols);
         let wt = Tensor::from_vec(wt, (self.cols, self.rows), device)?.to_dtype(dtype)?;
         let b = if self.b.iter().any(|&v| v != 0.0) {
             Some(Tensor::from_vec(self.b.clone(), self.rows, device)?.to_dtype(dtype)?)
