@@ -156,11 +156,13 @@ fn conv2d_on(isa: Isa, s: &Shape, x: &[f32], weight: &[f32], bias: Option<&[f32]
             let taps = s.c * s.kh * s.kw;
             // One task per output row, every channel tile in turn: the input rows it reads (all
             // channels) stay in L2 across the tiles instead of coming from memory once per tile.
+            // (Blocking the input channels by 16 or 32 as well, partial sums kept in the output,
+            // made no measurable difference on Zen 4.)
             (0..s.b * oh).into_par_iter().for_each(|task| {
                 let (img, y) = (task / oh, task % oh);
                 let xs = &x[img * s.c * s.h * s.w..][..s.c * s.h * s.w];
-                for tile in 0..tiles {
-                    let row = Row {
+                let rows: Vec<Row> = (0..tiles)
+                    .map(|tile| Row {
                         s,
                         x: xs,
                         w: &wp[tile * taps * co..][..taps * co],
@@ -171,14 +173,25 @@ fn conv2d_on(isa: Isa, s: &Shape, x: &[f32], weight: &[f32], bias: Option<&[f32]
                         out: dst.at(((img * s.o + tile * co) * oh + y) * ow),
                         plane: oh * ow,
                         ow,
-                    };
-                    // SAFETY: `isa` was detected on this CPU; the row writes only its own output
-                    // elements (its channels' row `y` of its image), inside `out`'s capacity of `n`.
-                    unsafe {
-                        match isa {
-                            Isa::Avx512 => row.run_avx512(),
-                            Isa::Avx2 => row.run_avx2(),
+                    })
+                    .collect();
+                // SAFETY: `isa` was detected on this CPU; each row writes only its own output
+                // elements (its channels' row `y` of its image), inside `out`'s capacity of `n`.
+                unsafe {
+                    match isa {
+                        // Every channel tile on one chunk of pixels in turn, so the chunk's input
+                        // stays in L1/L2 across the tiles (DA-V2-Small's head convs 2–4 % faster
+                        // than each tile along the whole row).
+                        Isa::Avx512 => {
+                            let mut x0 = 0;
+                            while x0 < ow {
+                                for row in &rows {
+                                    row.chunk_avx512(x0);
+                                }
+                                x0 += avx512::PX;
+                            }
                         }
+                        Isa::Avx2 => rows.iter().for_each(|r| r.run_avx2()),
                     }
                 }
             });

@@ -138,7 +138,8 @@ impl PreActResidual {
     }
 }
 
-/// A fusion layer: add the residual unit of the skip input, refine, upsample (align_corners=True), 1×1.
+/// A fusion layer: add the residual unit of the skip input, refine, upsample (align_corners=True), 1×1
+/// (computed as 1×1, then upsample).
 pub struct FusionLayer {
     projection: Conv2d,
     residual1: Option<PreActResidual>,
@@ -171,8 +172,11 @@ impl FusionLayer {
         let x = self.residual2.forward(&x)?;
         let (_, _, h, w) = x.dims4()?;
         let (oh, ow) = size.unwrap_or((2 * h, 2 * w));
-        let x = bilinear(&x, oh, ow, true)?;
-        Ok(self.projection.forward(&x)?)
+        // The 1×1 projection before the resize, at a quarter of the pixels: both are linear per
+        // pixel and per channel and the align_corners weights of each output pixel sum to one, so
+        // they commute (bias included) up to rounding.
+        let x = self.projection.forward(&x)?;
+        Ok(bilinear(&x, oh, ow, true)?)
     }
 }
 

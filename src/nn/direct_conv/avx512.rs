@@ -6,23 +6,21 @@ use super::{Row, MAX_KERNEL};
 
 /// Output channels per register tile.
 pub(super) const CO: usize = 8;
+/// Output pixels per chunk.
+pub(super) const PX: usize = 48;
 
 impl Row<'_> {
-    /// Computes the row in chunks of 48 pixels, the last one narrower.
+    /// Output pixels `x0 .. x0 + 48` (clipped to the row; `x0 < ow`).
     ///
     /// # Safety
     /// The CPU has AVX-512F; `out` addresses `channels` planes (stride `plane`) of at least `ow`
     /// writable floats each.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn run_avx512(&self) {
-        let mut x0 = 0;
-        while x0 < self.ow {
-            match (self.ow - x0).div_ceil(16) {
-                1 => self.chunk::<1>(x0),
-                2 => self.chunk::<2>(x0),
-                _ => self.chunk::<3>(x0),
-            }
-            x0 += 48;
+    pub(super) unsafe fn chunk_avx512(&self, x0: usize) {
+        match (self.ow - x0).div_ceil(16) {
+            1 => self.chunk::<1>(x0),
+            2 => self.chunk::<2>(x0),
+            _ => self.chunk::<3>(x0),
         }
     }
 
@@ -41,6 +39,10 @@ impl Row<'_> {
                 *mv = if hi > lo { (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16 } else { 0 };
             }
         }
+        let keep = |v: usize| -> u16 {
+            let left = self.ow as isize - (x0 + 16 * v) as isize;
+            if left >= 16 { 0xFFFF } else if left > 0 { ((1u32 << left) - 1) as u16 } else { 0 }
+        };
         let mut acc = [[_mm512_setzero_ps(); NV]; CO];
         for (j, a) in acc.iter_mut().enumerate() {
             *a = [_mm512_set1_ps(self.bias[j]); NV];
@@ -71,9 +73,7 @@ impl Row<'_> {
         for (j, a) in acc.iter().enumerate().take(self.channels) {
             let dst = self.out.add(j * self.plane + x0);
             for (v, av) in a.iter().enumerate() {
-                let left = self.ow as isize - (x0 + 16 * v) as isize;
-                let keep = if left >= 16 { 0xFFFF } else if left > 0 { ((1u32 << left) - 1) as u16 } else { 0 };
-                _mm512_mask_storeu_ps(dst.add(16 * v), keep, *av);
+                _mm512_mask_storeu_ps(dst.add(16 * v), keep(v), *av);
             }
         }
     }
