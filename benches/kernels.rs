@@ -11,6 +11,7 @@ use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
 use edgerun::nn::conv_transpose::ConvTranspose2d;
 use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
+use edgerun::nn::direct_conv;
 use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
 use edgerun::nn::int8_gemm::{self, Kernel, PackedQ8};
 use edgerun::nn::linear::Linear;
@@ -55,14 +56,23 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-/// 3×3 convs of the DPT head and fusion: edgerun's (the direct kernel on AVX-512, else the stripe
-/// GEMM) against Candle's conv2d; 1×1; the reassemble ×4 transposed conv.
+/// 3×3 convs of the DPT head and fusion: edgerun's (Winograd F(2×2, 3×3) on AVX-512, the direct
+/// kernel on AVX2, else the stripe GEMM), the direct kernel alone, and Candle's conv2d; 1×1; the
+/// reassemble ×4 transposed conv.
 fn convs(c: &mut Criterion) {
     for (ch, hw) in [(32usize, 518usize), (64, 296), (64, 74)] {
         let x = randn(&[1, ch, hw, hw]);
         let conv = Conv2d::new(randn(&[ch, ch, 3, 3]), Some(randn(&[ch])), Conv2dConfig { padding: 1, ..Default::default() });
         let n = (2 * hw * hw * ch * ch * 9) as u64;
         flops(c, "conv3x3_edgerun", &format!("{ch}ch_{hw}"), n, &mut || conv.forward(&x).unwrap());
+        if direct_conv::available() {
+            let s = direct_conv::Shape { b: 1, c: ch, h: hw, w: hw, o: ch, kh: 3, kw: 3, pad: 1 };
+            let (xs, ws) = (x.flatten_all().unwrap().to_vec1::<f32>().unwrap(), conv.weight().flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            let bs = conv.bias().unwrap().to_vec1::<f32>().unwrap();
+            flops(c, "conv3x3_direct", &format!("{ch}ch_{hw}"), n, &mut || {
+                Tensor::from_vec(direct_conv::conv2d(&s, &xs, &ws, Some(&bs)).unwrap(), (1, ch, hw, hw), &Device::Cpu).unwrap()
+            });
+        }
         flops(c, "conv3x3_candle", &format!("{ch}ch_{hw}"), n, &mut || conv.forward_candle(&x).unwrap());
     }
     let x = randn(&[1, 384, 37, 37]);

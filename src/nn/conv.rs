@@ -1,5 +1,6 @@
-//! 2-D convolution with faster CPU paths for f32: stride-1 convs wider than 1×1 run the direct
-//! AVX-512 or AVX2 kernel of [`crate::nn::direct_conv`] where the CPU has one; the others (1×1, other
+//! 2-D convolution with faster CPU paths for f32: 3×3 convs with padding 1 run Winograd's F(2×2, 3×3)
+//! ([`crate::nn::winograd`]) on AVX-512, other stride-1 convs wider than 1×1 (and those on AVX2) the
+//! direct kernel of [`crate::nn::direct_conv`] where the CPU has one; the others (1×1, other
 //! CPUs, strided convs with long columns) an image-to-columns GEMM in row stripes small enough
 //! that each stripe's columns stay in cache (the GEMM writes the stripe's NCHW output rows in
 //! place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
@@ -94,8 +95,17 @@ fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usi
         Some(b) => Some(b.to_vec1::<f32>()?),
         None => None,
     };
+    // 3×3 "same" convs by Winograd F(2×2, 3×3) where the CPU has AVX-512 (DPT convs 1.4–1.7× the
+    // direct kernel), the others by the direct kernel.
+    let winograd = (kh, kw, pad) == (3, 3, 1) && super::winograd::available();
     let out = with_contiguous(w, |weight: &[f32]| {
-        with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, weight, bias.as_deref()))
+        with_contiguous(x, |xs: &[f32]| {
+            if winograd {
+                super::winograd::conv3x3(b, c, h, wd, o, xs, weight, bias.as_deref())
+            } else {
+                direct_conv::conv2d(&s, xs, weight, bias.as_deref())
+            }
+        })
     })?
     .transpose()?
     .flatten()

@@ -22,5 +22,6 @@ pub mod q8_rows;
 pub mod residual;
 pub mod rope;
 pub mod rope2d;
+pub mod winograd;
 
 pub use linear::Linear;
