@@ -395,8 +395,7 @@ impl Chmv2 {
                     let (b, d, h, w) = map.dims4()?;
                     let tokens = map.flatten_from(2)?.transpose(1, 2)?;
                     let readout = cls.unsqueeze(1)?.expand((b, h * w, d))?;
-                    let t = self.readout_projects[i].forward(&Tensor::cat(&[&tokens, &readout], D::Minus1)?)?;
-                    let t = crate::nn::activation::gelu_erf(&t)?;
+                    let t = self.readout_projects[i].forward_gelu(&Tensor::cat(&[&tokens, &readout], D::Minus1)?)?;
                     t.transpose(1, 2)?.reshape((b, d, h, w))?
                 }
                 (Some(Readout::Add), Some(cls)) => map.broadcast_add(&cls.unsqueeze(2)?.unsqueeze(3)?)?,

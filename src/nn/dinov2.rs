@@ -258,6 +258,8 @@ impl Ffn {
     /// Applies the feed-forward network.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
+            // Exact GELU in the same pass as fc1's bias.
+            Ffn::Mlp { fc1, act: Activation::Gelu, fc2 } => fc2.forward(&fc1.forward_gelu(x)?)?,
             Ffn::Mlp { fc1, act, fc2 } => fc2.forward(&act.forward(&fc1.forward(x)?)?)?,
             Ffn::Gated { gate, up, act, down } => down.forward(&(act.forward(&gate.forward(x)?)? * up.forward(x)?)?)?,
             Ffn::SwiGlu { gate_up, hidden, down } => {

@@ -96,19 +96,19 @@ fn frozen_bias(bias: Option<&Tensor>) -> candle_core::Result<Option<Option<Vec<f
 /// zeros plus the bias when `k` is 0 (the GEMM writes nothing then). A GEMM accumulating into
 /// bias rows written beforehand read them back from memory inside its kernel: DA-V2-Small 518²,
 /// every linear so, ran 6 % slower than this.
-fn product_plus_bias(rows: usize, n: usize, k: usize, bias: Option<&[f32]>, fill: impl FnOnce(*mut f32)) -> Vec<f32> {
+fn product_plus_bias(rows: usize, n: usize, k: usize, bias: Option<&[f32]>, post: Post, fill: impl FnOnce(*mut f32)) -> Vec<f32> {
     use rayon::prelude::*;
-    if k == 0 {
-        let mut out = vec![0f32; rows * n];
-        add_bias(&mut out, n, bias);
-        return out;
-    }
-    let mut out: Vec<f32> = Vec::with_capacity(rows * n);
-    fill(out.spare_capacity_mut().as_mut_ptr().cast());
-    // SAFETY: `fill` wrote every one of the `rows · n` elements.
-    unsafe { out.set_len(rows * n) };
-    if bias.is_some() {
-        out.par_chunks_mut(n.max(1) * BIAS_ROWS_PER_TASK).for_each(|c| add_bias(c, n, bias));
+    let mut out: Vec<f32> = if k == 0 {
+        vec![0f32; rows * n]
+    } else {
+        let mut out = Vec::with_capacity(rows * n);
+        fill(out.spare_capacity_mut().as_mut_ptr().cast());
+        // SAFETY: `fill` wrote every one of the `rows · n` elements.
+        unsafe { out.set_len(rows * n) };
+        out
+    };
+    if bias.is_some() || post != Post::None {
+        out.par_chunks_mut(n.max(1) * BIAS_ROWS_PER_TASK).for_each(|c| finish_rows(c, n, bias, post));
     }
     out
 }
@@ -116,10 +116,22 @@ fn product_plus_bias(rows: usize, n: usize, k: usize, bias: Option<&[f32]>, fill
 /// Rows per task of the bias pass.
 const BIAS_ROWS_PER_TASK: usize = 16;
 
-/// Adds `bias` (`n` values) to every `n`-long row of `out`; nothing without one.
-fn add_bias(out: &mut [f32], n: usize, bias: Option<&[f32]>) {
+/// What follows a linear layer's product in the same pass as its bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Post {
+    /// Nothing.
+    None,
+    /// Exact (erf) GELU.
+    GeluErf,
+}
+
+/// Adds `bias` (`n` values) to every `n`-long row of `out` (nothing without one), then applies `post`.
+fn finish_rows(out: &mut [f32], n: usize, bias: Option<&[f32]>, post: Post) {
     if let Some(b) = bias {
         out.chunks_exact_mut(n.max(1)).for_each(|row| row.iter_mut().zip(b).for_each(|(o, &v)| *o += v));
+    }
+    if post == Post::GeluErf {
+        super::fast_math::gelu_erf_in_place(out);
     }
 }
 
@@ -157,12 +169,12 @@ unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx:
 
 /// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`: one
 /// (threaded) GEMM, then the bias.
-fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
     let threads = rayon::current_num_threads();
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     // SAFETY: `out` addresses rows × n floats and this is its only writer; `xs` is rows × k and
     // `ws` k × n.
-    product_plus_bias(rows, n, k, bias, |out| unsafe { gemm_into_columns(out, n, 0, xs, k, rows, k, ws, Layout::InOut { stride: n }, n, false, par) })
+    product_plus_bias(rows, n, k, bias, post, |out| unsafe { gemm_into_columns(out, n, 0, xs, k, rows, k, ws, Layout::InOut { stride: n }, n, false, par) })
 }
 
 /// Floats of one widened block of an f16 or Q8_0 weight (1 MiB: it stays in L2 while its GEMM reads it).
@@ -173,7 +185,7 @@ const WIDE_BLOCK_FLOATS: usize = 1 << 18;
 /// into a per-thread buffer that stays in cache, and each block's GEMM writes its columns of the
 /// output, the blocks in parallel. (Widening the whole matrix first wrote and re-read an f32 copy
 /// through memory on every product: CHMv2 f16 was 6 % slower than f32.)
-fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Option<&[f32]>, widen: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Option<&[f32]>, post: Post, widen: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
     use rayon::prelude::*;
     thread_local! {
         static WIDENED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -181,7 +193,7 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
     let threads = rayon::current_num_threads();
     // At least four blocks per thread (balance), at most one L2-sized block each.
     let block = (WIDE_BLOCK_FLOATS / k.max(1)).min(n.div_ceil(4 * threads)).max(16).min(n.max(1));
-    product_plus_bias(rows, n, k, bias, |out| {
+    product_plus_bias(rows, n, k, bias, post, |out| {
         let dst = super::cpu_slice::SharedOut(out);
         (0..n.div_ceil(block)).into_par_iter().for_each(|bi| {
             let (j0, nb) = (bi * block, block.min(n - bi * block));
@@ -213,13 +225,14 @@ const MIN_SLAB_ROWS: usize = 128;
 /// conversion, in parallel) and each slab's threaded GEMM adds `x[:, slab] · slab` into the output.
 /// Each activation is packed by the GEMM once in all, where blocks of output columns made every
 /// block's GEMM pack all of `x` again (CHMv2's 4096-wide MLP: 64-column blocks, 11 MB of `x` each).
-fn half_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+fn half_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
     let depth = (WIDE_SLAB_FLOATS / n.max(1)).max(MIN_SLAB_ROWS);
-    half_slabs_xw_plus_bias(xs, rows, k, ws, n, bias, depth)
+    half_slabs_xw_plus_bias(xs, rows, k, ws, n, bias, post, depth)
 }
 
 /// [`half_xw_plus_bias`] with slabs of `depth` input features.
-fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, depth: usize) -> Vec<f32> {
+#[allow(clippy::too_many_arguments)]
+fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, post: Post, depth: usize) -> Vec<f32> {
     use half::slice::HalfFloatSliceExt;
     use rayon::prelude::*;
     thread_local! {
@@ -231,7 +244,7 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
     let depth = depth.clamp(1, k.max(1));
     let threads = rayon::current_num_threads();
     let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    product_plus_bias(rows, n, k, bias, |out| {
+    product_plus_bias(rows, n, k, bias, post, |out| {
         let multiply = |slab: &mut Vec<f32>| {
             for p0 in (0..k).step_by(depth) {
                 let kb = depth.min(k - p0);
@@ -254,7 +267,7 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
 /// `x [rows, k] · w + bias` computed in f32 on the CPU outside Candle's ops, for a weight held
 /// transposed, `[k, n]`, in f32 or f16 (widened per product). `None` when `x`, `w` or the bias is
 /// not on the CPU, has another dtype or records a gradient: then Candle's ops run.
-fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
+fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, post: Post) -> candle_core::Result<Option<Tensor>> {
     if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() || w.track_op() {
         return Ok(None);
     }
@@ -266,10 +279,10 @@ fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core
     }
     let out = match w.dtype() {
         DType::F32 => super::cpu_slice::with_contiguous(w, |ws: &[f32]| {
-            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xw_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| xw_plus_bias(xs, rows, k, ws, n, bias.as_deref(), post))
         })?,
         DType::F16 => super::cpu_slice::with_contiguous(w, |ws: &[half::f16]| {
-            super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xw_plus_bias(xs, rows, k, ws, n, bias.as_deref()))
+            super::cpu_slice::with_contiguous(x, |xs: &[f32]| half_xw_plus_bias(xs, rows, k, ws, n, bias.as_deref(), post))
         })?,
         _ => return Ok(None),
     };
@@ -366,10 +379,10 @@ impl Linear {
 }
 
 impl Linear {
-    /// `x [rows, in] → [rows, out]`.
-    fn forward_rows(&self, x2: &Tensor) -> candle_core::Result<Tensor> {
+    /// `x [rows, in] → [rows, out]`, then `post`.
+    fn forward_rows(&self, x2: &Tensor, post: Post) -> candle_core::Result<Tensor> {
         if let Weight::Transposed(w) | Weight::Half(w) = &self.weight {
-            if let Some(y) = cpu_f32_product(x2, w, self.bias.as_ref())? {
+            if let Some(y) = cpu_f32_product(x2, w, self.bias.as_ref(), post)? {
                 return Ok(y);
             }
         }
@@ -386,22 +399,39 @@ impl Linear {
                 };
                 if dt == DType::F32 { y } else { y.to_dtype(dt)? }
             }
-            Weight::Int8(packed) => return self.forward_outside_candle(x2, packed.k(), |x, rows, bias| packed.matmul(x, rows, bias)),
+            Weight::Int8(packed) => {
+                let n = packed.n();
+                return self.forward_outside_candle(x2, packed.k(), post, |x, rows, bias| {
+                    let mut y = packed.matmul(x, rows, bias)?;
+                    if post != Post::None {
+                        use rayon::prelude::*;
+                        y.par_chunks_mut(n.max(1) * BIAS_ROWS_PER_TASK).for_each(|c| finish_rows(c, n, None, post));
+                    }
+                    Ok(y)
+                });
+            }
             Weight::Q8Rows(q) => {
                 let widen = |j0: usize, dst: &mut [f32]| q.widen_rows(j0, dst);
-                return self.forward_outside_candle(x2, q.k(), |x, rows, bias| Ok(widened_xwt_plus_bias(x, rows, q.k(), q.n(), bias, widen)));
+                return self.forward_outside_candle(x2, q.k(), post, |x, rows, bias| Ok(widened_xwt_plus_bias(x, rows, q.k(), q.n(), bias, post, widen)));
             }
         };
-        match &self.bias {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        }
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        apply_post(y, post)
     }
 
     /// `x2 [rows, k] → [rows, out]` by `product(x, rows, bias)`, a CPU kernel outside Candle's ops
-    /// over f32 rows that adds a frozen bias itself (no autograd: the weight is quantized; a
-    /// trainable bias is added outside so its gradient is recorded).
-    fn forward_outside_candle(&self, x2: &Tensor, k: usize, product: impl FnOnce(&[f32], usize, Option<&[f32]>) -> candle_core::Result<Vec<f32>>) -> candle_core::Result<Tensor> {
+    /// over f32 rows that adds a frozen bias and applies `post` itself (no autograd: the weight is
+    /// quantized; a trainable bias is added outside, and `post` after it, so its gradient is recorded).
+    fn forward_outside_candle(
+        &self,
+        x2: &Tensor,
+        k: usize,
+        post: Post,
+        product: impl FnOnce(&[f32], usize, Option<&[f32]>) -> candle_core::Result<Vec<f32>>,
+    ) -> candle_core::Result<Tensor> {
         let dt = x2.dtype();
         let x32 = if dt == DType::F32 { x2.clone() } else { x2.to_dtype(DType::F32)? };
         let (rows, in_dim) = x32.dims2()?;
@@ -409,14 +439,32 @@ impl Linear {
             candle_core::bail!("linear: input has {in_dim} features, the weight expects {k}");
         }
         let frozen_bias = frozen_bias(self.bias.as_ref())?.flatten();
-        let out = super::cpu_slice::with_contiguous(&x32, |x: &[f32]| product(x, rows, frozen_bias.as_deref()))?.transpose()?;
+        let trainable_bias = self.bias.is_some() && frozen_bias.is_none();
+        let product = |x: &[f32]| -> candle_core::Result<Vec<f32>> {
+            if trainable_bias && post != Post::None {
+                // The bias must come before `post`, and only Candle's op records its gradient.
+                return product(x, rows, None);
+            }
+            product(x, rows, frozen_bias.as_deref())
+        };
+        let out = super::cpu_slice::with_contiguous(&x32, product)?.transpose()?;
         let Some(out) = out else { candle_core::bail!("linear: a quantized weight held for the CPU needs a CPU input") };
         let y = Tensor::from_vec(out, (rows, self.out_dim), x2.device())?;
         let y = if dt == DType::F32 { y } else { y.to_dtype(dt)? };
         match &self.bias {
-            Some(b) if frozen_bias.is_none() => y.broadcast_add(b),
+            Some(b) if trainable_bias && post != Post::None => apply_post(y.broadcast_add(b)?, post),
+            Some(b) if trainable_bias => y.broadcast_add(b),
             _ => Ok(y),
         }
+    }
+}
+
+/// `post` by Candle's ops (or the vectorised GELU where it applies), for the paths whose product
+/// ran in Candle.
+fn apply_post(y: Tensor, post: Post) -> candle_core::Result<Tensor> {
+    match post {
+        Post::None => Ok(y),
+        Post::GeluErf => super::activation::gelu_erf(&y),
     }
 }
 
@@ -425,6 +473,19 @@ impl Module for Linear {
     /// item: the GEMM kernels pick their blocking by the row count, so folding the batch into the
     /// rows would make an item's result depend on the batch it came in (in the last bits).
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_then(x, Post::None)
+    }
+}
+
+impl Linear {
+    /// `gelu_erf(self.forward(x))`, with the bias and the GELU in one pass over the product on the
+    /// CPU f32 paths (the transformer MLPs' first layer).
+    pub fn forward_gelu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.forward_then(x, Post::GeluErf)
+    }
+
+    /// [`Module::forward`] followed by `post`.
+    fn forward_then(&self, x: &Tensor, post: Post) -> candle_core::Result<Tensor> {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().unwrap_or(&0);
         let mut out_dims = dims.clone();
@@ -433,11 +494,11 @@ impl Module for Linear {
         }
         if dims.len() >= 3 && dims[0] > 1 {
             let per_item: usize = dims[1..dims.len() - 1].iter().product();
-            let items = (0..dims[0]).map(|i| self.forward_rows(&x.get(i)?.reshape((per_item, in_dim))?)).collect::<candle_core::Result<Vec<_>>>()?;
+            let items = (0..dims[0]).map(|i| self.forward_rows(&x.get(i)?.reshape((per_item, in_dim))?, post)).collect::<candle_core::Result<Vec<_>>>()?;
             return Tensor::stack(&items, 0)?.reshape(out_dims);
         }
         let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
-        self.forward_rows(&x.reshape((rows, in_dim))?)?.reshape(out_dims)
+        self.forward_rows(&x.reshape((rows, in_dim))?, post)?.reshape(out_dims)
     }
 }
 
@@ -549,7 +610,7 @@ mod tests {
         let w: Vec<half::f16> = (0..k * n).map(|i| half::f16::from_f32(((i * 53) % 97) as f32 / 48.0 - 1.0)).collect();
         let bias: Vec<f32> = (0..n).map(|j| j as f32 / 7.0).collect();
         for depth in [1, 16, 64, 70, 500] {
-            let got = half_slabs_xw_plus_bias(&x, rows, k, &w, n, Some(&bias), depth);
+            let got = half_slabs_xw_plus_bias(&x, rows, k, &w, n, Some(&bias), Post::None, depth);
             for r in 0..rows {
                 for j in 0..n {
                     let want = bias[j] as f64 + (0..k).map(|p| x[r * k + p] as f64 * w[p * n + j].to_f64()).sum::<f64>();
@@ -568,13 +629,47 @@ mod tests {
             let w: Vec<f32> = (0..k * n).map(|i| ((i * 17) % 83) as f32 / 41.0 - 1.0).collect();
             let bias: Vec<f32> = (0..n).map(|j| j as f32 / 3.0 - 1.0).collect();
             for b in [Some(&bias[..]), None] {
-                let got = xw_plus_bias(&x, rows, k, &w, n, b);
+                let got = xw_plus_bias(&x, rows, k, &w, n, b, Post::None);
                 assert_eq!(got.len(), rows * n);
                 for r in 0..rows {
                     for j in 0..n {
                         let want = b.map_or(0.0, |b| b[j] as f64) + (0..k).map(|p| x[r * k + p] as f64 * w[p * n + j] as f64).sum::<f64>();
                         assert!((got[r * n + j] as f64 - want).abs() < 1e-4, "{rows}×{k}×{n} bias {} at ({r}, {j})", b.is_some());
                     }
+                }
+            }
+        }
+    }
+
+    /// `forward_gelu` is GELU of `forward` for every way a weight is held (f32 transposed, f16,
+    /// Q8_0 rows, int8 where the CPU has it, Candle's quantized matmul), with and without a bias,
+    /// for a batched input too.
+    #[test]
+    fn forward_gelu_is_gelu_of_forward_for_every_weight_kind() {
+        use candle_core::quantized::QTensor;
+        let cpu = Device::Cpu;
+        let (n, k) = (40, 64);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap();
+        let b = Tensor::randn(0f32, 1.0, n, &cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
+        let mut kinds = vec![
+            ("f32", Weight::Transposed(hold_transposed(w.clone()).unwrap())),
+            ("f16", Weight::Half(hold_transposed(w.to_dtype(DType::F16).unwrap()).unwrap())),
+            ("q8 rows", Weight::Q8Rows(Arc::new(Q8Rows::from_q8_0(&q.data().unwrap(), n, k).unwrap()))),
+            ("candle q8", Weight::Quantized(candle_core::quantized::QMatMul::from_qtensor(QTensor::quantize(&w, GgmlDType::Q8_0).unwrap()).unwrap())),
+        ];
+        if int8_gemm::available() {
+            kinds.push(("int8", Weight::Int8(Arc::new(PackedQ8::from_q8_0(&q.data().unwrap(), n, k).unwrap()))));
+        }
+        for (name, weight) in kinds {
+            for bias in [Some(b.clone()), None] {
+                let lin = Linear { weight: weight.clone(), bias: bias.clone(), out_dim: n };
+                for x in [Tensor::randn(0f32, 1.0, (7, k), &cpu).unwrap(), Tensor::randn(0f32, 1.0, (2, 5, k), &cpu).unwrap()] {
+                    let want = crate::nn::activation::gelu_erf(&lin.forward(&x).unwrap()).unwrap();
+                    let got = lin.forward_gelu(&x).unwrap();
+                    assert_eq!(got.dims(), want.dims());
+                    let err = (got - want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+                    assert!(err < 1e-6, "{name}, bias {}: {err}", bias.is_some());
                 }
             }
         }
