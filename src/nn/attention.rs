@@ -3,7 +3,7 @@
 use candle_core::Tensor;
 
 use super::fused_attention;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Largest score block (elements) materialised at once; longer query sets are processed in chunks.
 const MAX_SCORE_ELEMS: usize = 64 << 20;
@@ -60,6 +60,18 @@ pub fn sdpa_candle(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<
 pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, n, c) = x.dims3()?;
     Ok(x.reshape((b, n, heads, c / heads))?.transpose(1, 2)?)
+}
+
+/// Splits a fused projection `[B, N, 3·heads·D]` (all of q, then k, then v) into three
+/// `[B, heads, N, D]` views of it (no copy: the fused attention reads them in place).
+pub fn split_fused_qkv(t: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, n, c) = t.dims3()?;
+    if heads == 0 || c % (3 * heads) != 0 {
+        return Err(Error::Input(format!("attention: a fused q/k/v width of {c} does not split into 3 x {heads} heads")));
+    }
+    let t = t.reshape((b, n, 3, heads, c / (3 * heads)))?;
+    let part = |i: usize| -> Result<Tensor> { Ok(t.narrow(2, i, 1)?.squeeze(2)?.transpose(1, 2)?) };
+    Ok((part(0)?, part(1)?, part(2)?))
 }
 
 /// Merges `[B, heads, N, D]` back into `[B, N, heads·D]`.

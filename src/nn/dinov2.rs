@@ -9,7 +9,7 @@ use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
 use super::activation::Activation;
-use super::attention::{merge_heads, sdpa, split_heads};
+use super::attention::{merge_heads, sdpa, split_fused_qkv, split_heads};
 use super::interpolate::{bicubic, Resize};
 use super::grad::layer_norm as layer_norm_grad;
 use super::layers::{conv2d, layer_norm};
@@ -350,13 +350,9 @@ impl SelfAttention {
 
     fn attend(&self, x: &Tensor, rotate: Option<&QkRotate<'_>>) -> Result<Tensor> {
         let (q, k, v) = match &self.qkv {
-            Qkv::Fused(qkv) => {
-                let t = qkv.forward(x)?;
-                (t.narrow(D::Minus1, 0, self.dim)?, t.narrow(D::Minus1, self.dim, self.dim)?, t.narrow(D::Minus1, 2 * self.dim, self.dim)?)
-            }
-            Qkv::Split(q, k, v) => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Qkv::Fused(qkv) => split_fused_qkv(&qkv.forward(x)?, self.heads)?,
+            Qkv::Split(q, k, v) => (split_heads(&q.forward(x)?, self.heads)?, split_heads(&k.forward(x)?, self.heads)?, split_heads(&v.forward(x)?, self.heads)?),
         };
-        let (q, k, v) = (split_heads(&q, self.heads)?, split_heads(&k, self.heads)?, split_heads(&v, self.heads)?);
         let (q, k) = match &self.qk_norm {
             Some((qn, kn)) => (qn.forward(&q.contiguous()?)?, kn.forward(&k.contiguous()?)?),
             None => (q, k),

@@ -198,8 +198,11 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
         (0..n.div_ceil(block)).into_par_iter().for_each(|bi| {
             let (j0, nb) = (bi * block, block.min(n - bi * block));
             let product = |wide: &mut Vec<f32>| {
-                wide.clear();
-                wide.resize(nb * k, 0.0);
+                // Grown once per thread, never zeroed again: `widen` writes every value.
+                if wide.len() < nb * k {
+                    wide.resize(nb * k, 0.0);
+                }
+                let wide = &mut wide[..nb * k];
                 widen(j0, wide);
                 // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output;
                 // `xs` is rows × k, `wide` the block's nb × k values.
@@ -248,8 +251,11 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
         let multiply = |slab: &mut Vec<f32>| {
             for p0 in (0..k).step_by(depth) {
                 let kb = depth.min(k - p0);
-                slab.clear();
-                slab.resize(kb * n, 0.0);
+                // Grown once per thread, never zeroed again: the conversion writes every value.
+                if slab.len() < kb * n {
+                    slab.resize(kb * n, 0.0);
+                }
+                let slab = &mut slab[..kb * n];
                 slab.par_chunks_mut(n).zip(ws[p0 * n..][..kb * n].par_chunks(n)).for_each(|(dst, src)| src.convert_to_f32_slice(dst));
                 // SAFETY: `out` is rows × n and this is its only writer (the first slab overwrites
                 // it, the others add); `xs[p0..]` holds the slab's columns of x, rows of kb floats
