@@ -156,11 +156,12 @@ impl PackedQ8 {
             candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), self.n);
         }
         let (qa, da) = quantize_rows(x, m, self.k);
-        let mut out = vec![0f32; m * self.n];
+        // Uninitialised: the tiles write every element (zeroing it first cost a memory pass).
+        let mut out: Vec<f32> = Vec::with_capacity(m * self.n);
         let kb = self.k / BLOCK;
         let panels = self.n.div_ceil(PANEL);
         let chunks = m.div_ceil(TASK_ROWS);
-        let dst = super::cpu_slice::SharedOut(out.as_mut_ptr());
+        let dst = super::cpu_slice::SharedOut(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
         (0..chunks * panels).into_par_iter().for_each(|unit| {
             let (chunk, p) = (unit / panels, unit % panels);
             let panel = &self.blocks[p * kb..][..kb];
@@ -190,6 +191,9 @@ impl PackedQ8 {
                 r += tile;
             }
         });
+        // SAFETY: the units cover every row chunk × panel, and each tile stored all `cols` columns
+        // of its rows, so all m × n elements are written.
+        unsafe { out.set_len(m * self.n) };
         Ok(out)
     }
 }
@@ -211,10 +215,53 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
     let kb = k / BLOCK;
     let mut q = vec![0u8; m * k];
     let mut d = vec![0f32; m * kb];
+    #[cfg(target_arch = "x86_64")]
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
     q.par_chunks_mut(k).zip(d.par_chunks_mut(kb)).zip(x.par_chunks(k)).for_each(|((q, d), x)| {
+        #[cfg(target_arch = "x86_64")]
+        if avx512 {
+            // SAFETY: AVX-512F was detected above.
+            return unsafe { quantize_avx512::quantize_row(x, q, d) };
+        }
         quantize_row(x, q, d)
     });
     (q, d)
+}
+
+/// Adding it to a float of magnitude ≤ 2²² rounds that float to an integer (half to even) in the
+/// low mantissa bits: 1.5 · 2²³.
+const ROUND: f32 = 12_582_912.0;
+
+#[cfg(target_arch = "x86_64")]
+mod quantize_avx512 {
+    use super::{BLOCK, ROUND};
+    use std::arch::x86_64::*;
+
+    /// [`super::quantize_row`] in AVX-512 intrinsics, value for value: LLVM left the portable
+    /// loop's maxima and non-finite sums scalar (4.7 % of a DA3-Small Q8_0 forward).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn quantize_row(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+        let (lo, hi, round, zero) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0), _mm512_set1_ps(ROUND), _mm512_setzero_ps());
+        let flip = _mm_set1_epi8(i8::MIN);
+        for ((q, d), x) in q.chunks_exact_mut(BLOCK).zip(d.iter_mut()).zip(x.chunks_exact(BLOCK)) {
+            let v = [_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))];
+            // `max(a, b)` is `a > b ? a : b`: a NaN lane stays 0 (as the portable select).
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[1]), _mm512_max_ps(_mm512_abs_ps(v[0]), zero)));
+            let poison = _mm512_add_ps(_mm512_mul_ps(v[0], zero), _mm512_mul_ps(v[1], zero));
+            let finite = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(poison, poison) == u16::MAX;
+            let inv = _mm512_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            for (half, v) in v.into_iter().enumerate() {
+                let y = _mm512_add_ps(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_mul_ps(v, inv))), round);
+                // The low byte of y's bits is the integer's; xor 0x80 adds the 128 offset.
+                let bytes = _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_castps_si512(y)), flip);
+                _mm_storeu_si128(q.as_mut_ptr().add(16 * half).cast(), bytes);
+            }
+            *d = if finite { amax / 127.0 } else { f32::NAN };
+        }
+    }
 }
 
 super::fast_math::simd_fn! {
@@ -233,7 +280,6 @@ const _: () = assert!(BLOCK % LANES == 0, "a Q8_0 block is whole lanes");
 /// One block of [`quantize_rows`]; returns its scale. Branch-free so that it vectorises.
 #[inline(always)]
 fn quantize_block(x: &[f32], q: &mut [u8]) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5 · 2²³: adding it rounds to an integer (half to even)
     // Lane-wise maxima and sums, combined at the end: one running sum over the block was a chain
     // of 32 dependent adds that no compiler may reorder (a third of the int8 GEMM's time).
     let (mut amax, mut poison) = ([0f32; LANES], [0f32; LANES]);
@@ -477,6 +523,34 @@ mod tests {
         let got = packed.matmul(&x, 2, None).unwrap();
         assert!(packed.matmul(&x, 3, None).is_err());
         assert!(got.iter().all(|v| !v.is_finite()), "{got:?}");
+    }
+
+    #[test]
+    fn avx512_row_quantization_matches_the_portable_one() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            let k = 32 * 9;
+            let mut x: Vec<f32> = (0..k).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 10f32.powi((i / 32) as i32 - 4)).collect();
+            x[32..64].fill(0.0); // an all-zero block
+            x[64..96].fill(-0.0);
+            x[100] = f32::NAN;
+            x[140] = f32::NEG_INFINITY;
+            x[200] = 127.5; // ties round to even
+            x[201] = -0.5;
+            let (mut q0, mut d0) = (vec![0u8; k], vec![0f32; k / 32]);
+            let (mut q1, mut d1) = (vec![0u8; k], vec![0f32; k / 32]);
+            quantize_row(&x, &mut q0, &mut d0);
+            // SAFETY: AVX-512F was detected.
+            unsafe { quantize_avx512::quantize_row(&x, &mut q1, &mut d1) };
+            for b in 0..k / 32 {
+                assert_eq!(d0[b].is_nan(), d1[b].is_nan(), "block {b}");
+                if d0[b].is_finite() {
+                    assert_eq!(d0[b].to_bits(), d1[b].to_bits(), "block {b} scale");
+                    assert_eq!(q0[b * 32..][..32], q1[b * 32..][..32], "block {b} bytes");
+                }
+            }
+            assert!(d1[3].is_nan() && d1[4].is_nan() && d1[6].is_finite());
+        }
     }
 
     #[test]
