@@ -128,6 +128,17 @@ impl PackedQ8 {
         Some(PackedQ8 { n, k, blocks })
     }
 
+    /// The matrices stacked along the outputs (`[Σn, k]`: one product where there were several);
+    /// `None` without parts, when their `k` differ, or when a part but the last has a partial panel.
+    pub fn concat(parts: &[&PackedQ8]) -> Option<Self> {
+        let (first, rest) = parts.split_first()?;
+        if rest.iter().any(|p| p.k != first.k) || parts[..parts.len() - 1].iter().any(|p| p.n % PANEL != 0) {
+            return None;
+        }
+        let blocks = parts.iter().flat_map(|p| p.blocks.iter().cloned()).collect();
+        Some(PackedQ8 { n: parts.iter().map(|p| p.n).sum(), k: first.k, blocks })
+    }
+
     /// Output features.
     pub fn n(&self) -> usize {
         self.n
@@ -551,6 +562,31 @@ mod tests {
             }
             assert!(d1[3].is_nan() && d1[4].is_nan() && d1[6].is_finite());
         }
+    }
+
+    #[test]
+    fn concatenated_matrices_multiply_as_their_parts() {
+        if !available() {
+            return;
+        }
+        let (m, k) = (5, 64);
+        let parts: Vec<PackedQ8> = [32, 64, 7].iter().map(|&n| PackedQ8::from_q8_0(&q8_0_matrix(n, k).0, n, k).expect("valid Q8_0")).collect();
+        let joined = PackedQ8::concat(&parts.iter().collect::<Vec<_>>()).expect("whole panels");
+        assert_eq!((joined.n(), joined.k()), (103, k));
+        let x = input(m, k);
+        let got = joined.matmul(&x, m, None).unwrap();
+        let mut col = 0;
+        for p in &parts {
+            let want = p.matmul(&x, m, None).unwrap();
+            for i in 0..m {
+                assert_eq!(got[i * 103 + col..][..p.n()], want[i * p.n()..][..p.n()]);
+            }
+            col += p.n();
+        }
+        let partial = PackedQ8::from_q8_0(&q8_0_matrix(7, k).0, 7, k).expect("valid Q8_0");
+        assert!(PackedQ8::concat(&[&partial, &parts[0]]).is_none());
+        assert!(PackedQ8::concat(&[&parts[0], &PackedQ8::from_q8_0(&q8_0_matrix(32, 32).0, 32, 32).expect("valid")]).is_none());
+        assert!(PackedQ8::concat(&[]).is_none());
     }
 
     #[test]

@@ -517,6 +517,9 @@ impl Linear {
         let mut ws = Vec::with_capacity(parts.len());
         let mut bs = Vec::with_capacity(parts.len());
         let Some(first) = parts.first() else { return Ok(None) };
+        if let Weight::Int8(_) = first.weight {
+            return Self::concat_int8(parts);
+        }
         for p in parts {
             let w = match (&first.weight, &p.weight) {
                 (Weight::Dense(_), Weight::Dense(w)) | (Weight::Transposed(_), Weight::Transposed(w)) | (Weight::Half(_), Weight::Half(w)) => w,
@@ -543,6 +546,19 @@ impl Linear {
             _ => Weight::Half(Tensor::cat(&ws, 1)?),
         };
         Ok(Some(Linear { out_dim, weight, bias }))
+    }
+
+    /// [`Self::concat`] of int8-packed parts (frozen by construction; biases frozen too).
+    fn concat_int8(parts: &[Linear]) -> Result<Option<Linear>> {
+        let packed: Option<Vec<&PackedQ8>> = parts.iter().map(|p| if let Weight::Int8(w) = &p.weight { Some(&**w) } else { None }).collect();
+        let Some(joined) = packed.as_deref().and_then(PackedQ8::concat) else { return Ok(None) };
+        let biases: Option<Vec<Tensor>> = parts.iter().map(|p| p.bias.clone().filter(|b| !b.is_variable())).collect();
+        let bias = match biases {
+            Some(bs) => Some(Tensor::cat(&bs, 0)?),
+            None if parts.iter().all(|p| p.bias.is_none()) => None,
+            None => return Ok(None),
+        };
+        Ok(Some(Linear { out_dim: joined.n(), weight: Weight::Int8(std::sync::Arc::new(joined)), bias }))
     }
 }
 
