@@ -47,6 +47,50 @@ impl Conv2d {
         self.inner.forward(x)
     }
 
+    /// `conv(relu(x)) (+ residual)`: on a CPU with AVX-512, a 3×3 "same" conv takes the ReLU as
+    /// it reads `x` and adds the residual as it writes (no passes of their own); elsewhere, and
+    /// while autograd records, the separate ops.
+    pub fn forward_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+        if let Some(y) = self.winograd_pre_relu(x, residual)? {
+            return Ok(y);
+        }
+        let y = self.forward(&x.relu()?)?;
+        match residual {
+            Some(r) => y + r,
+            None => Ok(y),
+        }
+    }
+
+    /// [`Self::forward_pre_relu`] by the fused Winograd kernel; `None` where it does not apply.
+    fn winograd_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let cfg = self.config();
+        let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records) || residual.is_some_and(super::grad::records);
+        let (o, _, kh, kw) = self.weight().dims4()?;
+        if records || !self.fast_path_applies(x) || (kh, kw, cfg.padding, cfg.stride) != (3, 3, 1, 1) || !super::winograd::available() {
+            return Ok(None);
+        }
+        let (b, c, h, w) = x.dims4()?;
+        if residual.is_some_and(|r| r.dtype() != DType::F32 || !r.device().is_cpu() || r.dims() != [b, o, h, w]) {
+            return Ok(None);
+        }
+        use super::cpu_slice::with_contiguous;
+        use super::winograd::{conv3x3, Fused};
+        let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
+        let out = with_contiguous(x, |xs: &[f32]| -> Result<Option<Vec<f32>>> {
+            let run = |residual: Option<&[f32]>| -> Result<Option<Vec<f32>>> {
+                let fused = Fused { relu_input: true, residual };
+                Ok(with_contiguous(self.weight(), |ws: &[f32]| conv3x3(b, c, h, w, o, xs, ws, bias.as_deref(), fused))?.flatten())
+            };
+            match residual {
+                Some(r) => Ok(with_contiguous(r, |rs: &[f32]| run(Some(rs)))?.transpose()?.flatten()),
+                None => run(None),
+            }
+        })?
+        .transpose()?
+        .flatten();
+        out.map(|v| Tensor::from_vec(v, (b, o, h, w), x.device())).transpose()
+    }
+
     fn fast_path_applies(&self, x: &Tensor) -> bool {
         let c = self.config();
         // Strided convs only with long columns (DPT's 3×3 / 2 over 384+ channels: 12 → 4 ms); for
@@ -101,7 +145,7 @@ fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usi
     let out = with_contiguous(w, |weight: &[f32]| {
         with_contiguous(x, |xs: &[f32]| {
             if winograd {
-                super::winograd::conv3x3(b, c, h, wd, o, xs, weight, bias.as_deref())
+                super::winograd::conv3x3(b, c, h, wd, o, xs, weight, bias.as_deref(), Default::default())
             } else {
                 direct_conv::conv2d(&s, xs, weight, bias.as_deref())
             }

@@ -133,8 +133,7 @@ impl PreActResidual {
 
     /// Applies the unit.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.conv2.forward(&self.conv1.forward(&x.relu()?)?.relu()?)?;
-        Ok((h + x)?)
+        Ok(self.conv2.forward_pre_relu(&self.conv1.forward_pre_relu(x, None)?, Some(x))?)
     }
 }
 

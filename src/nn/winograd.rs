@@ -61,24 +61,37 @@ fn transform_weights(o: usize, c: usize, weight: &[f32], bias: Option<&[f32]>) -
     (u, b)
 }
 
+/// What [`conv3x3`] folds into its passes: a ReLU of the input as it is read, and a residual
+/// added to the output as it is written (DPT's pre-activation units: `x + conv(relu(conv(relu(x))))`
+/// without three more passes over the feature map).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fused<'a> {
+    /// Convolve `relu(x)` instead of `x`.
+    pub relu_input: bool,
+    /// `[b, o, h, w]` added to the output (after the bias, as a separate add would).
+    pub residual: Option<&'a [f32]>,
+}
+
 /// `x` `[b, c, h, w]` (row-major) convolved with `weight` `[o, c, 3, 3]` plus `bias` `[o]`, zero
-/// padding 1, stride 1: the `[b, o, h, w]` output. `None` without AVX-512F or when a length
-/// disagrees with the shape.
+/// padding 1, stride 1, with `fused`'s input ReLU and residual: the `[b, o, h, w]` output. `None`
+/// without AVX-512F or when a length disagrees with the shape.
 #[allow(clippy::too_many_arguments)]
-pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weight: &[f32], bias: Option<&[f32]>) -> Option<Vec<f32>> {
+pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
+    let pixels = b.checked_mul(o)?.checked_mul(h)?.checked_mul(w)?;
     let ok = available()
         && h > 0
         && w > 0
         && c > 0
         && x.len() == b.checked_mul(c)?.checked_mul(h)?.checked_mul(w)?
         && weight.len() == o.checked_mul(c)?.checked_mul(9)?
-        && bias.is_none_or(|v| v.len() == o);
+        && bias.is_none_or(|v| v.len() == o)
+        && fused.residual.is_none_or(|r| r.len() == pixels);
     if !ok {
         return None;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let n = b.checked_mul(o)?.checked_mul(h)?.checked_mul(w)?;
+        let n = pixels;
         let (u, bias) = transform_weights(o, c, weight, bias);
         let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
         let blocks = tw.div_ceil(TILES);
@@ -99,6 +112,8 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
                     ty,
                     t0: block * TILES,
                     out: dst.at(img * o * h * w),
+                    relu_input: fused.relu_input,
+                    residual: fused.residual.map(|r| &r[img * o * h * w..][..o * h * w]),
                 };
                 let vectors = (tw - task.t0).min(TILES).div_ceil(16);
                 BUFFER.with(|buf| {
@@ -124,7 +139,7 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (weight, bias);
+        let _ = (weight, bias, pixels);
         None
     }
 }
@@ -149,6 +164,9 @@ struct Task<'a> {
     t0: usize,
     /// The image's output `[o, h, w]`.
     out: *mut f32,
+    relu_input: bool,
+    /// The image's residual `[o, h, w]`.
+    residual: Option<&'a [f32]>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -214,7 +232,9 @@ impl Task<'_> {
                 let hi = (w - start).clamp(0, 16);
                 let mask = if hi > lo { (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16 } else { 0 };
                 // Masked-off lanes are not read: addresses outside the row are never touched.
-                _mm512_maskz_loadu_ps(mask, line.wrapping_offset(start))
+                let v = _mm512_maskz_loadu_ps(mask, line.wrapping_offset(start));
+                // max(v, 0) is `v > 0 ? v : 0`, as Candle's ReLU.
+                if self.relu_input { _mm512_max_ps(v, _mm512_setzero_ps()) } else { v }
             };
             // Evens and odds of columns col0 + 32k .. + 32, for k = 0 ..= NV (one vector more for
             // the shifted columns 2 and 3).
@@ -278,7 +298,12 @@ impl Task<'_> {
                         }
                         let n = (self.w - px).min(16);
                         let keep = if n == 16 { 0xFFFF } else { ((1u32 << n) - 1) as u16 };
-                        _mm512_mask_storeu_ps(row.add(16 * half), keep, _mm512_permutex2var_ps(left, idx, right));
+                        let mut pixels = _mm512_permutex2var_ps(left, idx, right);
+                        if let Some(r) = self.residual {
+                            let at = (co * self.h + y) * self.w + px;
+                            pixels = _mm512_add_ps(pixels, _mm512_maskz_loadu_ps(keep, r.as_ptr().add(at)));
+                        }
+                        _mm512_mask_storeu_ps(row.add(16 * half), keep, pixels);
                     }
                 }
             }
@@ -314,6 +339,7 @@ mod tests {
                 &x.flatten_all().unwrap().to_vec1().unwrap(),
                 &wt.flatten_all().unwrap().to_vec1().unwrap(),
                 Some(&bias.to_vec1().unwrap()),
+                Fused::default(),
             )
             .unwrap();
             let want = want.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -324,9 +350,30 @@ mod tests {
     }
 
     #[test]
+    fn the_fused_relu_and_residual_are_the_separate_ops() {
+        if !available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        let (b, c, h, w) = (2, 5, 7, 37);
+        let x = Tensor::randn(0f32, 1.0, (b, c, h, w), &dev).unwrap();
+        let wt = Tensor::randn(0f32, 1.0, (c, c, 3, 3), &dev).unwrap();
+        let bias: Vec<f32> = (0..c).map(|i| i as f32 * 0.25 - 0.5).collect();
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (xs, ws) = (flat(&x), flat(&wt));
+        let plain = |input: &[f32]| conv3x3(b, c, h, w, c, input, &ws, Some(&bias), Fused::default()).unwrap();
+        let relu_x = flat(&x.relu().unwrap());
+        let fused = conv3x3(b, c, h, w, c, &xs, &ws, Some(&bias), Fused { relu_input: true, residual: Some(&xs) }).unwrap();
+        let separate: Vec<f32> = plain(&relu_x).iter().zip(&xs).map(|(y, r)| y + r).collect();
+        assert_eq!(fused, separate);
+    }
+
+    #[test]
     fn refuses_lengths_that_disagree_with_the_shape() {
-        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 3], &[0.0; 9], None).is_none());
-        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 8], None).is_none());
-        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], Some(&[0.0; 2])).is_none());
+        let none = Fused::default();
+        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 3], &[0.0; 9], None, none).is_none());
+        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 8], None, none).is_none());
+        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], Some(&[0.0; 2]), none).is_none());
+        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], None, Fused { relu_input: false, residual: Some(&[0.0; 3]) }).is_none());
     }
 }
