@@ -84,7 +84,7 @@ pub fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> R
     if n != prefix + ph * pw {
         return Err(Error::Input(format!("{n} tokens do not make {prefix} + {ph}×{pw}")));
     }
-    Ok(tokens.narrow(1, prefix, ph * pw)?.reshape((b, ph, pw, c))?.permute((0, 3, 1, 2))?.contiguous()?)
+    Ok(super::cpu_slice::transpose_last_two(&tokens.narrow(1, prefix, ph * pw)?)?.reshape((b, c, ph, pw))?)
 }
 
 /// Tensor names inside a fusion layer: transformers (`HF`) or original DPT (`ORIGINAL`: `out_conv`,

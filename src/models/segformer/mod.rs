@@ -255,12 +255,12 @@ fn ln(vb: &Vb, dim: usize) -> Result<LayerNorm> {
 /// `[B, N, C]` tokens of an `h × w` map → `[B, C, h, w]` (contiguous).
 fn tokens_to_nchw(x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
     let (b, _, c) = x.dims3()?;
-    x.transpose(1, 2)?.contiguous()?.reshape((b, c, h, w))
+    crate::nn::cpu_slice::transpose_last_two(x)?.reshape((b, c, h, w))
 }
 
 /// `[B, C, h, w]` → `[B, h·w, C]` (contiguous).
 fn nchw_to_tokens(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.flatten_from(2)?.transpose(1, 2)?.contiguous()
+    crate::nn::cpu_slice::transpose_last_two(&x.flatten_from(2)?)
 }
 
 struct PatchEmbed {
