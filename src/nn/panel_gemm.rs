@@ -109,6 +109,8 @@ fn multiply_on(wide: bool, a: &[f32], lda: usize, m: usize, b: &Panels, c: &mut 
         }
         return;
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
     // SAFETY: the features were checked and every access stays inside the sizes asserted above.
     #[cfg(target_arch = "x86_64")]
     unsafe {
