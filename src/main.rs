@@ -28,6 +28,7 @@ fn install_panic_hook() {
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     alloc::keep_freed_blocks_in_glibc_heap();
+    edgerun::device::quiet_candle_barrier_pool();
     install_panic_hook();
     let args = match cli::parse() {
         cli::Parsed::Run(args) => args,
