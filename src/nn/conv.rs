@@ -65,30 +65,12 @@ impl Conv2d {
     fn winograd_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
         let cfg = self.config();
         let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records) || residual.is_some_and(super::grad::records);
-        let (o, _, kh, kw) = self.weight().dims4()?;
+        let (_, _, kh, kw) = self.weight().dims4()?;
         if records || !self.fast_path_applies(x) || (kh, kw, cfg.padding, cfg.stride) != (3, 3, 1, 1) || !super::winograd::available() {
             return Ok(None);
         }
-        let (b, c, h, w) = x.dims4()?;
-        if residual.is_some_and(|r| r.dtype() != DType::F32 || !r.device().is_cpu() || r.dims() != [b, o, h, w]) {
-            return Ok(None);
-        }
-        use super::cpu_slice::with_contiguous;
-        use super::winograd::{conv3x3, Fused};
         let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
-        let out = with_contiguous(x, |xs: &[f32]| -> Result<Option<Vec<f32>>> {
-            let run = |residual: Option<&[f32]>| -> Result<Option<Vec<f32>>> {
-                let fused = Fused { relu_input: true, residual };
-                Ok(with_contiguous(self.weight(), |ws: &[f32]| conv3x3(b, c, h, w, o, xs, ws, bias.as_deref(), fused))?.flatten())
-            };
-            match residual {
-                Some(r) => Ok(with_contiguous(r, |rs: &[f32]| run(Some(rs)))?.transpose()?.flatten()),
-                None => run(None),
-            }
-        })?
-        .transpose()?
-        .flatten();
-        out.map(|v| Tensor::from_vec(v, (b, o, h, w), x.device())).transpose()
+        winograd(x, self.weight(), bias.as_deref(), true, residual)
     }
 
     fn fast_path_applies(&self, x: &Tensor) -> bool {
@@ -123,6 +105,30 @@ impl Module for Conv2d {
     }
 }
 
+/// A 3×3, stride-1, padding-1 conv of `x` by [`super::winograd`] (AVX-512), of `relu(x)` with
+/// `relu_input`, plus `residual`; `None` where the kernel does not run or the residual is not an
+/// f32 CPU tensor of the output's shape.
+fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, relu_input: bool, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+    use super::cpu_slice::with_contiguous;
+    let ((b, c, h, wd), o) = (x.dims4()?, w.dim(0)?);
+    if residual.is_some_and(|r| r.dtype() != DType::F32 || !r.device().is_cpu() || r.dims() != [b, o, h, wd]) {
+        return Ok(None);
+    }
+    let out = with_contiguous(x, |xs: &[f32]| -> Result<Option<Vec<f32>>> {
+        let run = |residual: Option<&[f32]>| -> Result<Option<Vec<f32>>> {
+            let fused = super::winograd::Fused { relu_input, residual };
+            Ok(with_contiguous(w, |ws: &[f32]| super::winograd::conv3x3(b, c, h, wd, o, xs, ws, bias, fused))?.flatten())
+        };
+        match residual {
+            Some(r) => Ok(with_contiguous(r, |rs: &[f32]| run(Some(rs)))?.transpose()?.flatten()),
+            None => run(None),
+        }
+    })?
+    .transpose()?
+    .flatten();
+    out.map(|v| Tensor::from_vec(v, (b, o, h, wd), x.device())).transpose()
+}
+
 /// A stride-1 conv with a kernel wider than 1×1 by [`super::direct_conv`] (x86-64 CPUs with AVX-512 or AVX2);
 /// `None` where that kernel does not run (1×1 convs are plain GEMMs, strided ones gathers: the
 /// stripe path).
@@ -141,16 +147,10 @@ fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usi
     };
     // 3×3 "same" convs by Winograd F(2×2, 3×3) where the CPU has AVX-512 (DPT convs 1.4–1.7× the
     // direct kernel), the others by the direct kernel.
-    let winograd = (kh, kw, pad) == (3, 3, 1) && super::winograd::available();
-    let out = with_contiguous(w, |weight: &[f32]| {
-        with_contiguous(x, |xs: &[f32]| {
-            if winograd {
-                super::winograd::conv3x3(b, c, h, wd, o, xs, weight, bias.as_deref(), Default::default())
-            } else {
-                direct_conv::conv2d(&s, xs, weight, bias.as_deref())
-            }
-        })
-    })?
+    if (kh, kw, pad) == (3, 3, 1) && super::winograd::available() {
+        return winograd(x, w, bias.as_deref(), false, None);
+    }
+    let out = with_contiguous(w, |weight: &[f32]| with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, weight, bias.as_deref())))?
     .transpose()?
     .flatten()
     .flatten();
