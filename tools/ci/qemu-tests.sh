@@ -69,35 +69,35 @@ SKIP=(
     safetensors_pages_are_released_after_loading
     gguf_quantized_and_plain_pages_are_released_after_loading
 )
-# Tests that spawn the edgerun binary, here and in SKIP_EXES below (unless QEMU_TESTS_ALL=1): a
-# CI run once hung past its limit in one of them (cli_errors, `inspect` on bad GGUF files: over
-# an hour under qemu-user, 0.4 s here, not reproduced in 40 runs). A multi-threaded guest that
-# forks under qemu-user 7.2 can deadlock in the emulator, so process-spawning tests run natively.
+# Left out unless QEMU_TESTS_ALL=1: everything that spawns the edgerun binary. That is the test
+# executables of whole command-line runs (SKIP_EXES: flags, error messages and exit codes,
+# annotate/tiling/fine-tuning runs over image trees) and a few tests elsewhere (SPAWNING). Their
+# logic is the same on every target, the native suite runs them all, and CI runs the aarch64
+# binary on the bundled example itself; the kernels, models, gradients and batch invariance, where
+# the targets differ, are tested here. They were ~4 of the suite's ~5 minutes under qemu, and a CI
+# run was stopped at its limit while one of them (cli_errors, 0.4 s here, not reproduced in 40
+# runs) had been running for over 60 s: our best guess is the known deadlock risk of a
+# multi-threaded guest that forks under qemu-user 7.2. Any executable still running after
+# TIMEOUT seconds is stopped and fails, named, instead of holding CI until its limit.
+ALL=${QEMU_TESTS_ALL:-}
+SKIP_EXES=(annotate annotate_memory annotate_tiling cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli tiling_cli)
 SPAWNING=(
     cli_depth_writes_confidence_and_sky_mask
     chm_cli_
     segment_cli_end_to_end
     inspect_lists_tensors_and_totals
 )
-[ -n "${QEMU_TESTS_ALL:-}" ] || SKIP+=("${SPAWNING[@]}")
+[ -n "$ALL" ] || SKIP+=("${SPAWNING[@]}")
+TIMEOUT=${QEMU_TEST_TIMEOUT:-600}
 skip_args=()
 for s in "${SKIP[@]}"; do skip_args+=(--skip "$s"); done
 echo "qemu-tests: skipping under emulation: ${SKIP[*]}"
-
-# Test executables that spawn the edgerun binary for whole command-line runs (flags, error
-# messages and exit codes, annotate/tiling/fine-tuning runs over image trees): logic that is the
-# same on every target, and together ~4 of the suite's ~5 minutes under qemu. CI runs the aarch64
-# binary on the bundled example itself; the kernels, models, gradients and batch invariance, where
-# the targets differ, are tested here. The native suite runs them all. A run that stops past
-# TIMEOUT fails, naming the executable, instead of holding CI until its limit.
-SKIP_EXES=(annotate annotate_memory annotate_tiling cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli tiling_cli)
-TIMEOUT=${QEMU_TEST_TIMEOUT:-600}
 
 failed=()
 ran=0
 for t in "${tests[@]}"; do
     name=$(basename "$t")
-    if [ -z "${QEMU_TESTS_ALL:-}" ] && printf '%s\n' "${SKIP_EXES[@]}" | grep -qx "${name%-*}"; then
+    if [ -z "$ALL" ] && printf '%s\n' "${SKIP_EXES[@]}" | grep -qx "${name%-*}"; then
         continue
     fi
     echo "---- $QEMU $name"
