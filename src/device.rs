@@ -83,19 +83,39 @@ pub fn device_name(d: &Device) -> String {
 pub fn set_threads(n: usize) {
     // Both variables are read once, when Candle's pools start; this runs before any tensor op.
     std::env::set_var("RAYON_NUM_THREADS", n.to_string());
-    std::env::set_var("CANDLE_NUM_THREADS", n.to_string());
+    std::env::set_var(CANDLE_THREADS_VAR, candle_barrier_pool_threads(n).to_string());
 }
 
 /// The variable that sets how long a worker of Candle's barrier pool spins before it sleeps.
 const CANDLE_SPIN_VAR: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
+/// The variable that sets the threads of Candle's barrier pool (the calling thread included).
+const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
 
-/// Lets the worker of Candle's own barrier pool (its element-wise ops) sleep as soon as an op is
-/// done, unless `CANDLE_BARRIER_POOL_SPIN_LIMIT` is set. By default it spins 25,000 pauses first,
-/// taking a core from the rayon kernels that usually run next: on 2 cores, without the spin,
-/// SegFormer-B0 ran 5 % faster, DA-V2-Small and L-GATr 3.5 %. Call before any tensor work.
+/// Threads for Candle's barrier pool (its element-wise ops) when the kernels run on `threads`: on
+/// two threads or fewer only the calling thread. Handing each small op to the pool's worker and
+/// waiting for it cost more than the op saved on 2 cores: L-GATr ran 9–10 % faster without the
+/// worker (hundreds of small ops per forward), SegFormer-B0 2.5 %, the ViTs and fine-tuning
+/// within noise. Not measured on more cores, where the pool keeps one thread per core.
+fn candle_barrier_pool_threads(threads: usize) -> usize {
+    if threads <= 2 {
+        1
+    } else {
+        threads
+    }
+}
+
+/// Quiets Candle's barrier pool unless the user set its variables: its worker sleeps as soon as
+/// an op is done (by default it spins 25,000 pauses first, taking a core from the rayon kernels
+/// that usually run next: on 2 cores, without the spin, SegFormer-B0 ran 5 % faster, DA-V2-Small
+/// and L-GATr 3.5 %), and on two threads or fewer the pool has no worker at all
+/// ([`candle_barrier_pool_threads`]). Call before any tensor work.
 pub fn quiet_candle_barrier_pool() {
     if std::env::var_os(CANDLE_SPIN_VAR).is_none() {
         std::env::set_var(CANDLE_SPIN_VAR, "0");
+    }
+    if std::env::var_os(CANDLE_THREADS_VAR).is_none() {
+        let threads = candle_barrier_pool_threads(candle_core::utils::get_num_threads());
+        std::env::set_var(CANDLE_THREADS_VAR, threads.to_string());
     }
 }
 
