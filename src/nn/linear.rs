@@ -299,6 +299,13 @@ fn cpu_f32_product(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, post: Post) ->
     }
 }
 
+/// `x [rows, k] · w + bias` for a weight held transposed (`[k, n]`, f32 or f16) by the CPU GEMM
+/// with the bias added in one parallel pass; `None` where Candle's ops must run (not an f32 CPU
+/// input, or a gradient to record).
+pub fn cpu_xw_plus_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Option<Tensor>> {
+    cpu_f32_product(x, w, bias, Post::None)
+}
+
 /// `w [out, in]` as a contiguous `[in, out]` CPU tensor of the same dtype (f32 or f16).
 fn hold_transposed(w: Tensor) -> Result<Tensor> {
     let (out_dim, in_dim) = w.dims2()?;

@@ -143,6 +143,9 @@ impl FusedLinear {
         if c != self.cols {
             return Err(Error::Input(format!("fused linear expects {} input features, got {c}", self.cols)));
         }
+        if let Some(y) = crate::nn::linear::cpu_xw_plus_bias(x, &self.wt, self.b.as_ref())? {
+            return Ok(y);
+        }
         let x = if x.is_contiguous() { x.clone() } else { x.contiguous()? };
         let y = x.matmul(&self.wt)?;
         Ok(match &self.b {
