@@ -119,6 +119,20 @@ pub fn quiet_candle_barrier_pool() {
     }
 }
 
+/// Runs `f` on a worker thread of the global rayon pool and returns its result. From there the
+/// kernels' parallel loops share their work with the pool's other workers directly; called from
+/// outside the pool, each loop would wake the pool's workers and put the caller to sleep until
+/// they are done (three thread switches per loop, many per forward pass). Inside the pool it runs
+/// `f` where it is.
+pub fn on_pool_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        return f();
+    }
+    let mut out = None;
+    rayon::scope(|_| out = Some(f()));
+    out.expect("rayon::scope runs its body to completion")
+}
+
 /// A tensor with no elements of `shape` (some dimension 0) on `device`. Candle's CUDA backend cannot
 /// allocate zero bytes (`CUDA_ERROR_INVALID_VALUE`), so there it is a zero-length view of a
 /// one-element-deep buffer.

@@ -529,7 +529,8 @@ impl Segmenter {
         for idx in groups.values() {
             crate::memory::backoff::check_injected_oom(idx.len())?;
             let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
-            let logits = self.model.forward(&Tensor::stack(&xs, 0)?)?;
+            let batch = Tensor::stack(&xs, 0)?;
+            let logits = crate::device::on_pool_worker(|| self.model.forward(&batch))?;
             for (k, &i) in idx.iter().enumerate() {
                 out[i] = Some(logits.get(k)?);
             }
