@@ -93,8 +93,8 @@ const CANDLE_THREADS_VAR: &str = "CANDLE_NUM_THREADS";
 
 /// Threads for Candle's barrier pool (its element-wise ops) when the kernels run on `threads`: on
 /// two threads or fewer only the calling thread. Handing each small op to the pool's worker and
-/// waiting for it cost more than the op saved on 2 cores: L-GATr ran 9–10 % faster without the
-/// worker (hundreds of small ops per forward), SegFormer-B0 2.5 %, the ViTs and fine-tuning
+/// waiting for it cost more than the op saved on 2 cores: L-GATr ran 12.5 % faster without the
+/// worker (hundreds of small ops per forward), SegFormer-B0 ~10 %, the ViTs and fine-tuning
 /// within noise. Not measured on more cores, where the pool keeps one thread per core.
 fn candle_barrier_pool_threads(threads: usize) -> usize {
     if threads <= 2 {
@@ -119,13 +119,13 @@ pub fn quiet_candle_barrier_pool() {
     }
 }
 
-/// Runs `f` on a worker thread of the global rayon pool and returns its result. From there the
-/// kernels' parallel loops share their work with the pool's other workers directly; called from
-/// outside the pool, each loop would wake the pool's workers and put the caller to sleep until
-/// they are done (three thread switches per loop, many per forward pass). Inside the pool it runs
-/// `f` where it is.
-pub fn on_pool_worker<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
+/// Runs `f` on a worker thread of the global rayon pool when `device` is the CPU (else where it is:
+/// a GPU context belongs to the calling thread) and returns its result. From a worker the kernels'
+/// parallel loops share their work with the pool's other workers directly; called from outside the
+/// pool, each loop would wake the pool's workers and put the caller to sleep until they are done
+/// (three thread switches per loop, many per forward pass). Inside the pool it runs `f` where it is.
+pub fn on_pool_worker<R: Send>(device: &Device, f: impl FnOnce() -> R + Send) -> R {
+    if !device.is_cpu() || rayon::current_thread_index().is_some() {
         return f();
     }
     let mut out = None;

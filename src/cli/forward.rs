@@ -53,7 +53,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut outputs = None;
     for _ in 0..n {
         let t = Instant::now();
-        let out = edgerun::device::on_pool_worker(|| model.forward_named(&inputs))?;
+        let out = edgerun::device::on_pool_worker(&device, || model.forward_named(&inputs))?;
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         outputs = Some(out);

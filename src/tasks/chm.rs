@@ -284,7 +284,7 @@ impl ChmEstimator {
             let batch = images[range.clone()].iter().map(|im| self.pre.pixel_values(im, &self.device)).collect::<Result<Vec<_>>>()?;
             check_injected_oom(batch.len())?;
             let x = Tensor::stack(&batch, 0)?;
-            let (y, bad) = crate::device::on_pool_worker(|| self.model.forward_checked(&x))?;
+            let (y, bad) = crate::device::on_pool_worker(&self.device, || self.model.forward_checked(&x))?;
             let y = y.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
             let (_, oh, ow) = y.dims3()?;
             for (k, im) in images[range.clone()].iter().enumerate() {

@@ -321,7 +321,7 @@ impl DepthEstimator {
             let x = Tensor::stack(&batch, 0)?.to_dtype(self.dtype)?;
             let mut inputs = NamedTensors::new();
             inputs.insert("pixel_values".into(), x);
-            let y = crate::device::on_pool_worker(|| self.model.forward_named(&inputs))?;
+            let y = crate::device::on_pool_worker(&self.device, || self.model.forward_named(&inputs))?;
             let fetch = |name: &str| -> Result<Tensor> {
                 let t = y.get(name).ok_or_else(|| Error::Input(format!("model produced no `{name}`")))?;
                 Ok(t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?)

@@ -92,7 +92,7 @@ fn run_group(model: &dyn Model, events: &[NamedTensors], names: &[&str], lens: &
         mask[row * n_max..row * n_max + lens[i]].fill(1);
     }
     batch.insert("padding_mask".into(), Tensor::from_vec(mask, (group.len(), n_max), &device)?);
-    let out = crate::device::on_pool_worker(|| model.forward_named(&batch))?;
+    let out = crate::device::on_pool_worker(&device, || model.forward_named(&batch))?;
     let mut per_event = Vec::with_capacity(group.len());
     for (row, &i) in group.iter().enumerate() {
         let mut ev = NamedTensors::new();

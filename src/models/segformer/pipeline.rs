@@ -530,7 +530,7 @@ impl Segmenter {
             crate::memory::backoff::check_injected_oom(idx.len())?;
             let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
             let batch = Tensor::stack(&xs, 0)?;
-            let logits = crate::device::on_pool_worker(|| self.model.forward(&batch))?;
+            let logits = crate::device::on_pool_worker(&device, || self.model.forward(&batch))?;
             for (k, &i) in idx.iter().enumerate() {
                 out[i] = Some(logits.get(k)?);
             }
