@@ -94,7 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let cfg = a.config()?;
     let (device, _) = compute(&a.device, "f32")?;
-    let summary = finetune(&cfg, &device, &mut |line| eprintln!("finetune: {line}"))?;
+    let summary = edgerun::device::on_pool_worker(&device, || finetune(&cfg, &device, &mut |line| eprintln!("finetune: {line}")))?;
     let rate = if summary.seconds > 0.0 { summary.steps_taken as f64 / summary.seconds } else { 0.0 };
     let best = summary.best_val.map_or("none (no validation split)".to_string(), |v| format!("{v:.6}"));
     outln!(
