@@ -128,9 +128,7 @@ pub fn on_pool_worker<R: Send>(device: &Device, f: impl FnOnce() -> R + Send) ->
     if !device.is_cpu() || rayon::current_thread_index().is_some() {
         return f();
     }
-    let mut out = None;
-    rayon::scope(|_| out = Some(f()));
-    out.expect("rayon::scope runs its body to completion")
+    rayon::scope(|_| f())
 }
 
 /// A tensor with no elements of `shape` (some dimension 0) on `device`. Candle's CUDA backend cannot
