@@ -35,7 +35,7 @@ fn load_model(name: &str, dtype: DType) -> Box<dyn Model> {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &dev())
     }
     .unwrap();
-    lgatr::load(vb, &config).unwrap()
+    lgatr::load(vb, &config, false).unwrap()
 }
 
 fn max_abs(t: &Tensor) -> f64 {
@@ -526,7 +526,7 @@ fn config_errors_are_reported() {
     let vb = candle_nn::VarBuilder::zeros(DType::F32, &dev());
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("lgatr_tiny/config.json")).unwrap()).unwrap();
-    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v) {
+    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v, false) {
         Err(edgerun::error::Error::Config(msg)) => eprintln!("{what}: {msg}"),
         Err(e) => panic!("{what}: wrong error kind {e}"),
         Ok(_) => panic!("{what}: accepted"),
@@ -657,4 +657,36 @@ fn sub_batched_forward_matches_single_events() {
             assert!(max_diff(&o[name], &all[name].narrow(0, i, 1).unwrap()) < 1e-5, "event {i} {name}");
         }
     }
+}
+
+/// A folded map held for the int8 GEMM (a Q8_0 file's maps) agrees with the f32 map to within
+/// 8-bit rounding of weights and inputs; widths that are not whole Q8_0 blocks stay f32.
+#[test]
+fn int8_fused_map_tracks_f32() {
+    use edgerun::models::lgatr::equi_linear::DenseMap;
+    let (rows, cols) = (48, 96);
+    let mut map = DenseMap::zeros(rows, cols);
+    for (i, v) in map.m.iter_mut().enumerate() {
+        *v = ((i * 7919 % 1009) as f64 / 504.5 - 1.0) * 0.3;
+    }
+    for (i, v) in map.b.iter_mut().enumerate() {
+        *v = i as f64 * 0.01;
+    }
+    let dev = candle_core::Device::Cpu;
+    let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 104729 % 997) as f32 / 498.5 - 1.0) * 2.0).collect();
+    let x = Tensor::from_vec(x, (5, cols), &dev).unwrap();
+    let exact = map.to_fused(&dev, DType::F32, false).unwrap();
+    let held = map.to_fused(&dev, DType::F32, true).unwrap();
+    assert!(exact.int8.is_none());
+    assert_eq!(held.int8.is_some(), edgerun::nn::int8_gemm::available());
+    let want = exact.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let got = held.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = want.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(err <= 0.02 * scale, "int8 map error {err} against max {scale}");
+    if held.int8.is_some() {
+        assert!(err > 0.0, "the int8 map gave the f32 result exactly: its path did not run");
+    }
+    let odd = DenseMap::zeros(4, 18).to_fused(&dev, DType::F32, true).unwrap();
+    assert!(odd.int8.is_none(), "18 inputs are not whole Q8_0 blocks");
 }

@@ -48,6 +48,12 @@ pub fn architecture(store: &crate::weights::WeightStore) -> Option<String> {
     store.architecture()
 }
 
+/// Whether any matrix in `store` is stored as Q8_0 (a file `edgerun quantize` wrote with that type).
+fn holds_q8_0(store: &crate::weights::WeightStore) -> bool {
+    use crate::weights::StoredDType;
+    store.entries().values().any(|e| e.dtype == StoredDType::Ggml(candle_core::quantized::GgmlDType::Q8_0))
+}
+
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
     use crate::error::Error;
@@ -58,7 +64,7 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let config = store.config().clone();
     let build = || -> Result<Box<dyn Model>> {
         Ok(match arch.as_str() {
-            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config)?,
+            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, holds_q8_0(&store) && device.is_cpu() && dtype == candle_core::DType::F32)?,
             "chmv2" => Box::new(chmv2::Chmv2::load(&vb, &config)?),
             "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Box::new(da3::Da3::load(&vb, &config)?),
             "depth_anything" => Box::new(depth_anything::DepthAnything::load(&vb, &config)?),

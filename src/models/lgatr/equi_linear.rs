@@ -6,11 +6,12 @@
 //! `s2mvs` feeds components 0 (and 15 with `subgroup`), `mvs2s` reads components 0 (and 15), `s2s`
 //! is the scalar block. [`DenseMap`] holds that matrix on the host in f64 so that layers can permute,
 //! stack and rescale rows and columns before it becomes a [`FusedLinear`] (one GEMM).
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 
 use super::algebra::linear_basis;
 use crate::error::{Error, Result};
+use crate::nn::linear::Linear;
 
 /// A dense affine map `y = M x + b` kept on the host (row-major `rows × cols`).
 #[derive(Debug, Clone, PartialEq)]
@@ -110,8 +111,9 @@ impl DenseMap {
         Ok(d)
     }
 
-    /// Uploads as a [`FusedLinear`] in `dtype` on `device`.
-    pub fn to_fused(&self, device: &Device, dtype: DType) -> Result<FusedLinear> {
+    /// Uploads as a [`FusedLinear`] in `dtype` on `device`; with `int8`, an f32 CPU map is also
+    /// rounded to Q8_0 for the int8 GEMM where this CPU has one and the input width allows it.
+    pub fn to_fused(&self, device: &Device, dtype: DType, int8: bool) -> Result<FusedLinear> {
         let wt = crate::nn::cpu_slice::transposed(&self.m, self.rows, self.cols);
         let wt = Tensor::from_vec(wt, (self.cols, self.rows), device)?.to_dtype(dtype)?;
         let b = if self.b.iter().any(|&v| v != 0.0) {
@@ -119,7 +121,13 @@ impl DenseMap {
         } else {
             None
         };
-        Ok(FusedLinear { wt, b, rows: self.rows, cols: self.cols })
+        let int8 = if int8 && dtype == DType::F32 {
+            let m = Tensor::from_vec(self.m.iter().map(|&v| v as f32).collect::<Vec<f32>>(), (self.rows, self.cols), device)?;
+            Linear::int8_from_f32(&m, b.clone())?
+        } else {
+            None
+        };
+        Ok(FusedLinear { wt, b, int8, rows: self.rows, cols: self.cols })
     }
 }
 
@@ -130,6 +138,8 @@ pub struct FusedLinear {
     pub wt: Tensor,
     /// `(rows,)`, absent when zero.
     pub b: Option<Tensor>,
+    /// The map rounded to Q8_0 for the int8 GEMM, used for f32 CPU inputs (a Q8_0 file's maps).
+    pub int8: Option<Linear>,
     /// Output width.
     pub rows: usize,
     /// Input width.
@@ -142,6 +152,9 @@ impl FusedLinear {
         let (_, c) = x.dims2()?;
         if c != self.cols {
             return Err(Error::Input(format!("fused linear expects {} input features, got {c}", self.cols)));
+        }
+        if let Some(int8) = self.int8.as_ref().filter(|_| x.device().is_cpu() && x.dtype() == DType::F32) {
+            return Ok(int8.forward(x)?);
         }
         if let Some(y) = crate::nn::linear::cpu_xw_plus_bias(x, &self.wt, self.b.as_ref())? {
             return Ok(y);
@@ -313,7 +326,7 @@ impl EquiLinear {
         bias: bool,
     ) -> Result<Self> {
         let weights = EquiLinearWeights::load(vb, in_mv, out_mv, in_s, out_s, subgroup, bias)?;
-        let fused = weights.fold().to_fused(vb.device(), vb.dtype())?;
+        let fused = weights.fold().to_fused(vb.device(), vb.dtype(), false)?;
         Ok(Self { weights, fused })
     }
 
