@@ -677,16 +677,16 @@ fn int8_fused_map_tracks_f32() {
     let x = Tensor::from_vec(x, (5, cols), &dev).unwrap();
     let exact = map.to_fused(&dev, DType::F32, false).unwrap();
     let held = map.to_fused(&dev, DType::F32, true).unwrap();
-    assert!(exact.int8.is_none());
-    assert_eq!(held.int8.is_some(), edgerun::nn::int8_gemm::available());
+    assert!(!exact.is_int8());
+    assert_eq!(held.is_int8(), edgerun::nn::int8_gemm::available());
     let want = exact.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let got = held.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
     let err = want.iter().zip(&got).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     assert!(err <= 0.02 * scale, "int8 map error {err} against max {scale}");
-    if held.int8.is_some() {
+    if held.is_int8() {
         assert!(err > 0.0, "the int8 map gave the f32 result exactly: its path did not run");
     }
     let odd = DenseMap::zeros(4, 18).to_fused(&dev, DType::F32, true).unwrap();
-    assert!(odd.int8.is_none(), "18 inputs are not whole Q8_0 blocks");
+    assert!(!odd.is_int8(), "18 inputs are not whole Q8_0 blocks");
 }

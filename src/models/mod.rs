@@ -64,7 +64,7 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let config = store.config().clone();
     let build = || -> Result<Box<dyn Model>> {
         Ok(match arch.as_str() {
-            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, holds_q8_0(&store) && device.is_cpu() && dtype == candle_core::DType::F32)?,
+            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, holds_q8_0(&store))?,
             "chmv2" => Box::new(chmv2::Chmv2::load(&vb, &config)?),
             "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Box::new(da3::Da3::load(&vb, &config)?),
             "depth_anything" => Box::new(depth_anything::DepthAnything::load(&vb, &config)?),

@@ -111,35 +111,40 @@ impl DenseMap {
         Ok(d)
     }
 
-    /// Uploads as a [`FusedLinear`] in `dtype` on `device`; with `int8`, an f32 CPU map is also
-    /// rounded to Q8_0 for the int8 GEMM where this CPU has one and the input width allows it.
+    /// Uploads as a [`FusedLinear`] in `dtype` on `device`; with `int8`, an f32 CPU map is held
+    /// rounded to Q8_0 for the int8 GEMM instead, where this CPU has one and the input width allows it.
     pub fn to_fused(&self, device: &Device, dtype: DType, int8: bool) -> Result<FusedLinear> {
-        let wt = crate::nn::cpu_slice::transposed(&self.m, self.rows, self.cols);
-        let wt = Tensor::from_vec(wt, (self.cols, self.rows), device)?.to_dtype(dtype)?;
         let b = if self.b.iter().any(|&v| v != 0.0) {
             Some(Tensor::from_vec(self.b.clone(), self.rows, device)?.to_dtype(dtype)?)
         } else {
             None
         };
-        let int8 = if int8 && dtype == DType::F32 {
-            let m = Tensor::from_vec(self.m.iter().map(|&v| v as f32).collect::<Vec<f32>>(), (self.rows, self.cols), device)?;
-            Linear::int8_from_f32(&m, b.clone())?
-        } else {
-            None
-        };
-        Ok(FusedLinear { wt, b, int8, rows: self.rows, cols: self.cols })
+        let (rows, cols) = (self.rows, self.cols);
+        if int8 && dtype == DType::F32 {
+            let m = Tensor::from_vec(self.m.iter().map(|&v| v as f32).collect::<Vec<f32>>(), (rows, cols), device)?;
+            if let Some(linear) = Linear::int8_from_f32(&m, b.clone())? {
+                return Ok(FusedLinear { held: Held::Int8(linear), rows, cols });
+            }
+        }
+        let wt = crate::nn::cpu_slice::transposed(&self.m, rows, cols);
+        let wt = Tensor::from_vec(wt, (cols, rows), device)?.to_dtype(dtype)?;
+        Ok(FusedLinear { held: Held::Dense { wt, b }, rows, cols })
     }
+}
+
+/// How a [`FusedLinear`] holds its map.
+#[derive(Debug, Clone)]
+enum Held {
+    /// `wt`: `(cols, rows)`, the transposed matrix, contiguous; `b`: `(rows,)`, absent when zero.
+    Dense { wt: Tensor, b: Option<Tensor> },
+    /// Rounded to Q8_0 for the int8 GEMM (a Q8_0 file's maps, f32 on the CPU).
+    Int8(Linear),
 }
 
 /// `y = x · Wᵀ + b` on `(R, cols)` rows: one GEMM.
 #[derive(Debug, Clone)]
 pub struct FusedLinear {
-    /// `(cols, rows)`, i.e. the transposed matrix, contiguous.
-    pub wt: Tensor,
-    /// `(rows,)`, absent when zero.
-    pub b: Option<Tensor>,
-    /// The map rounded to Q8_0 for the int8 GEMM, used for f32 CPU inputs (a Q8_0 file's maps).
-    pub int8: Option<Linear>,
+    held: Held,
     /// Output width.
     pub rows: usize,
     /// Input width.
@@ -147,21 +152,27 @@ pub struct FusedLinear {
 }
 
 impl FusedLinear {
+    /// Whether the map is held rounded to Q8_0 for the int8 GEMM.
+    pub fn is_int8(&self) -> bool {
+        matches!(self.held, Held::Int8(_))
+    }
+
     /// Applies the map to `(R, cols)` → `(R, rows)`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let (_, c) = x.dims2()?;
         if c != self.cols {
             return Err(Error::Input(format!("fused linear expects {} input features, got {c}", self.cols)));
         }
-        if let Some(int8) = self.int8.as_ref().filter(|_| x.device().is_cpu() && x.dtype() == DType::F32) {
-            return Ok(int8.forward(x)?);
-        }
-        if let Some(y) = crate::nn::linear::cpu_xw_plus_bias(x, &self.wt, self.b.as_ref())? {
+        let (wt, b) = match &self.held {
+            Held::Int8(linear) => return Ok(linear.forward(x)?),
+            Held::Dense { wt, b } => (wt, b),
+        };
+        if let Some(y) = crate::nn::linear::cpu_xw_plus_bias(x, wt, b.as_ref())? {
             return Ok(y);
         }
         let x = if x.is_contiguous() { x.clone() } else { x.contiguous()? };
-        let y = x.matmul(&self.wt)?;
-        Ok(match &self.b {
+        let y = x.matmul(wt)?;
+        Ok(match b {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         })
