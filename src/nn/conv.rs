@@ -187,8 +187,7 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
             let dst = super::cpu_slice::SharedOut(dst.as_mut_ptr());
             let run = |si: usize, par: gemm::Parallelism| {
                 let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
-                COLUMNS.with(|cols| {
-                    let mut cols = cols.borrow_mut();
+                super::cpu_slice::with_scratch(&COLUMNS, |cols| {
                     cols.clear();
                     cols.resize(k * n, 0.0);
                     for (r, col) in cols.chunks_exact_mut(n).enumerate() {
@@ -292,6 +291,22 @@ mod tests {
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
             assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} s{stride} {h}×{w}: {err}");
         }
+    }
+
+    /// Convs run as tasks of a pool whose GEMMs are themselves parallel: a worker that waits inside
+    /// one conv's GEMM runs another conv's task, which must not find the thread's buffer taken.
+    #[test]
+    fn convs_nested_in_parallel_tasks_reenter_safely() {
+        use rayon::prelude::*;
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (1, 32, 32, 64), &dev).unwrap();
+        let wt = Tensor::randn(0f32, 1.0, (64, 32, 3, 3), &dev).unwrap();
+        let want = stripe_gemm_conv(&x, &wt, None, 1, 2).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().unwrap();
+        let outs: Vec<Vec<f32>> = pool.install(|| {
+            (0..64).into_par_iter().map(|_| stripe_gemm_conv(&x, &wt, None, 1, 2).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect()
+        });
+        assert!(outs.iter().all(|o| *o == want));
     }
 
     #[test]

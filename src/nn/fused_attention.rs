@@ -75,10 +75,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
             head_out.par_chunks_mut(rows * d).enumerate().for_each(|(block, o)| {
                 let first = block * rows;
                 let rows = o.len() / d;
-                SCORES.with(|s| {
-                    let mut s = s.borrow_mut();
+                super::cpu_slice::with_scratch(&SCORES, |s| {
                     s.resize(rows * nk, 0.0);
-                    attend_block(&qv, &kv, &vv, packed.as_ref(), (bi, hi), first, rows, nk, d, scale, &mut s, o);
+                    attend_block(&qv, &kv, &vv, packed.as_ref(), (bi, hi), first, rows, nk, d, scale, s, o);
                 });
             });
         });

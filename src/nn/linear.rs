@@ -208,11 +208,7 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
                 // `xs` is rows × k, `wide` the block's nb × k values.
                 unsafe { gemm_into_columns(dst.at(0), n, j0, xs, k, rows, k, wide, Layout::OutIn, nb, false, gemm::Parallelism::None) };
             };
-            WIDENED.with(|cell| match cell.try_borrow_mut() {
-                Ok(mut wide) => product(&mut wide),
-                // Re-entered from a task this thread ran while waiting: a buffer of its own.
-                Err(_) => product(&mut Vec::new()),
-            });
+            super::cpu_slice::with_scratch(&WIDENED, product);
         });
     })
 }
@@ -264,10 +260,7 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
                 unsafe { gemm_into_columns(out, n, 0, &xs[p0..], k, rows, kb, slab, Layout::InOut { stride: n }, n, p0 > 0, par) };
             }
         };
-        SLAB.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut slab) => multiply(&mut slab),
-            Err(_) => multiply(&mut Vec::new()),
-        });
+        super::cpu_slice::with_scratch(&SLAB, multiply);
     })
 }
 

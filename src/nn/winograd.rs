@@ -116,17 +116,16 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
                     residual: fused.residual.map(|r| &r[img * o * h * w..][..o * h * w]),
                 };
                 let vectors = (tw - task.t0).min(TILES).div_ceil(16);
-                BUFFER.with(|buf| {
-                    let mut buf = buf.borrow_mut();
+                super::cpu_slice::with_scratch(&BUFFER, |buf| {
                     buf.resize(16 * c * TILES, 0.0);
                     // SAFETY: AVX-512F was checked above; the task writes only its own tile row's
                     // pixels of its image (rows 2ty, 2ty + 1, its tiles' columns), inside `out`'s
                     // capacity of `n`.
                     unsafe {
                         match vectors {
-                            1 => task.run::<1>(&mut buf),
-                            2 => task.run::<2>(&mut buf),
-                            _ => task.run::<3>(&mut buf),
+                            1 => task.run::<1>(buf),
+                            2 => task.run::<2>(buf),
+                            _ => task.run::<3>(buf),
                         }
                     }
                 });
