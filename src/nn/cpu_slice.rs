@@ -12,13 +12,13 @@ pub fn with_contiguous<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -
     Ok(Some(f(&data[layout.start_offset()..][..t.elem_count()])))
 }
 
-/// A per-thread scratch buffer of floats, reused across tasks and calls (see [`with_scratch`]).
-pub(crate) type Scratch = std::thread::LocalKey<std::cell::RefCell<Vec<f32>>>;
+/// A per-thread scratch buffer, reused across tasks and calls (see [`with_scratch`]).
+pub(crate) type Scratch<T> = std::thread::LocalKey<std::cell::RefCell<Vec<T>>>;
 
 /// Runs `f` on this thread's buffer in `key`, or on a fresh one when the thread already holds it:
 /// a rayon worker waiting inside a parallel call (a threaded GEMM, a nested `par_iter`) runs other
 /// tasks meanwhile, and one of those can reach the same kernel again.
-pub(crate) fn with_scratch<R>(key: &'static Scratch, f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+pub(crate) fn with_scratch<T, R>(key: &'static Scratch<T>, f: impl FnOnce(&mut Vec<T>) -> R) -> R {
     key.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buffer) => f(&mut buffer),
         Err(_) => f(&mut Vec::new()),

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::activation::Activation;
 use super::attention::{merge_heads, sdpa, split_fused_qkv, split_heads};
+use super::int8_attention;
 use super::interpolate::{bicubic, Resize};
 use super::grad::layer_norm as layer_norm_grad;
 use super::layers::{conv2d, layer_norm};
@@ -291,6 +292,14 @@ enum Qkv {
 }
 
 impl Qkv {
+    /// Whether the projections run through the int8 GEMM.
+    fn runs_int8(&self) -> bool {
+        match self {
+            Qkv::Fused(qkv) => qkv.runs_int8(),
+            Qkv::Split(q, k, v) => q.runs_int8() && k.runs_int8() && v.runs_int8(),
+        }
+    }
+
     fn new(q: Linear, k: Linear, v: Linear) -> Result<Self> {
         Ok(match Linear::concat(&[q.clone(), k.clone(), v.clone()])? {
             Some(f) => Qkv::Fused(f),
@@ -362,7 +371,12 @@ impl SelfAttention {
             None => (q, k),
         };
         let scale = 1.0 / ((self.dim / self.heads) as f64).sqrt();
-        let o = sdpa(&q, &k, &v, scale, None)?;
+        // A block whose projections round their activations to 8 bits takes int8 products here too.
+        let o = if self.qkv.runs_int8() && int8_attention::applies(&q, &k, &v) {
+            int8_attention::attention(&q, &k, &v, scale as f32)?
+        } else {
+            sdpa(&q, &k, &v, scale, None)?
+        };
         Ok(self.out.forward(&merge_heads(&o)?)?)
     }
 }
@@ -713,4 +727,38 @@ fn reference_first_order(x: &Tensor, b: usize, s: usize) -> Result<(Tensor, Tens
     }
     let dev = x.device();
     Ok((Tensor::from_vec(fwd, b * s, dev)?, Tensor::from_vec(inv, b * s, dev)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    /// Projections held in int8 take the int8 attention where AMX runs (an output within 8-bit
+    /// rounding of the f32 attention's, and not equal to it), the f32 attention elsewhere.
+    #[test]
+    fn int8_projections_take_the_int8_attention_where_amx_runs() {
+        let dev = Device::Cpu;
+        let (dim, heads, n) = (128, 2, 40);
+        let w = || Tensor::randn(0f32, 0.1, (dim, dim), &dev).unwrap();
+        let (wq, wk, wv, wo) = (w(), w(), w(), w());
+        let int8 = |w: &Tensor| Linear::int8_from_f32(w, None).unwrap();
+        if int8(&wq).is_none() {
+            return; // no int8 GEMM on this CPU
+        }
+        let attn = SelfAttention::from_linears(int8(&wq).unwrap(), int8(&wk).unwrap(), int8(&wv).unwrap(), Linear::from_tensors(wo.clone(), None).unwrap(), dim, heads).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (1, n, dim), &dev).unwrap();
+        let got = attn.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        // The same int8 projections around the f32 attention.
+        let project = |w: &Tensor| split_heads(&int8(w).unwrap().forward(&x).unwrap(), heads).unwrap();
+        let o = sdpa(&project(&wq), &project(&wk), &project(&wv), 1.0 / ((dim / heads) as f64).sqrt(), None).unwrap();
+        let want = Linear::from_tensors(wo, None).unwrap().forward(&merge_heads(&o).unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        if crate::nn::amx::available() {
+            let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(err > 0.0 && err < 0.03 * max, "int8 attention: max abs error {err} (max |f32| {max})");
+        } else {
+            assert_eq!(got, want);
+        }
+    }
 }

@@ -26,7 +26,7 @@ const SCORE_BLOCK_FLOATS: usize = 192 << 10;
 const SCORE_BLOCK_FLOATS_PANELS: usize = 64 << 10;
 
 /// A rank-4 `[B, H, N, D]` f32 view whose last dimension is contiguous.
-struct HeadsView<'a> {
+pub(crate) struct HeadsView<'a> {
     data: &'a [f32],
     offset: usize,
     stride_b: usize,
@@ -41,7 +41,7 @@ impl HeadsView<'_> {
     }
 
     /// The data from row `n` of head `h` of batch item `b` to the end.
-    fn from_row(&self, b: usize, h: usize, n: usize) -> &[f32] {
+    pub(crate) fn from_row(&self, b: usize, h: usize, n: usize) -> &[f32] {
         &self.data[self.offset + b * self.stride_b + h * self.stride_h + n * self.stride_n..]
     }
 }
@@ -92,7 +92,7 @@ thread_local! {
 }
 
 /// The f32 CPU data of a tensor as a [`HeadsView`], or an error for other storage.
-fn view<'a>(storage: &'a Storage, layout: &Layout) -> Result<HeadsView<'a>> {
+pub(crate) fn view<'a>(storage: &'a Storage, layout: &Layout) -> Result<HeadsView<'a>> {
     let data = match storage {
         Storage::Cpu(CpuStorage::F32(data)) => data.as_slice(),
         _ => return Err(Error::Input("attention: fused path needs f32 CPU tensors".into())),

@@ -391,6 +391,11 @@ impl Linear {
         Ok(packed.map(|p| Linear { weight: Weight::Int8(std::sync::Arc::new(p)), bias, out_dim }))
     }
 
+    /// Whether the product runs through the int8 GEMM (its activations rounded to 8 bits).
+    pub fn runs_int8(&self) -> bool {
+        matches!(self.weight, Weight::Int8(_))
+    }
+
     /// Whether the weight is kept quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self.weight, Weight::Quantized(_) | Weight::Int8(_) | Weight::Q8Rows(_))

@@ -1,5 +1,6 @@
 //! Shared building blocks that the model files compose.
 pub mod activation;
+pub mod amx;
 pub mod attention;
 pub mod bilinear_cpu;
 pub mod conv;
@@ -13,6 +14,7 @@ pub mod fast_math;
 pub mod fused_attention;
 pub mod grad;
 pub mod depthwise;
+pub mod int8_attention;
 pub mod int8_gemm;
 pub mod interpolate;
 pub mod layers;

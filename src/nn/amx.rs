@@ -1,0 +1,200 @@
+//! Intel AMX int8 tile products on x86-64 Linux: whether they run here (the CPU's AMX-TILE and
+//! AMX-INT8, AVX-512BW, and the kernel's leave to use tile data), the tile configuration the kernels
+//! of [`super::int8_attention`] share (all eight tiles 16 rows × 64 bytes), and those kernels' steps.
+//! The instructions are written as inline assembly (Rust's AMX intrinsics are not stable).
+
+/// Whether AMX-INT8 runs here (`EDGERUN_NO_AMX=1` or `EDGERUN_NO_INT8=1`: never).
+pub fn available() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *OK.get_or_init(|| {
+            if std::env::var_os("EDGERUN_NO_AMX").is_some() || std::env::var_os("EDGERUN_NO_INT8").is_some() {
+                return false;
+            }
+            // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (not in `is_x86_feature_detected!` on stable).
+            let has_amx = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && std::arch::x86_64::__cpuid_count(7, 0).edx & (3 << 24) == 3 << 24;
+            has_amx && request_tile_data()
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
+/// Asks Linux for this process's leave to use AMX tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+/// XFEATURE_XTILEDATA)`); false where the kernel refuses or predates AMX.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn request_tile_data() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: arch_prctl with this request only changes the process's permitted xsave features;
+    // the syscall instruction clobbers rcx and r11 and touches no user memory.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack)
+        );
+    }
+    ret == 0
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use kernels::*;
+
+#[cfg(target_arch = "x86_64")]
+mod kernels {
+    use std::arch::asm;
+
+    /// The 64-byte operand of `ldtilecfg` / `sttilecfg`.
+    #[repr(C, align(64))]
+    struct Config {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    /// The thread's tiles configured as eight 16 × 64-byte tiles while it lives; the configuration
+    /// the thread had before (another kernel's, or none) is put back when it drops.
+    pub(crate) struct Tiles {
+        saved: Config,
+    }
+
+    impl Tiles {
+        /// Saves the thread's tile configuration and loads this module's.
+        ///
+        /// # Safety
+        /// [`super::available`] returned true.
+        #[inline]
+        pub(crate) unsafe fn configure() -> Tiles {
+            let mut saved = Config { palette: 0, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+            let mut ours = Config { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+            ours.colsb[..8].fill(64);
+            ours.rows[..8].fill(16);
+            // SAFETY: both operands are 64-byte, 64-aligned configurations; tile data is permitted.
+            unsafe {
+                asm!("sttilecfg [{}]", in(reg) &mut saved, options(nostack));
+                asm!("ldtilecfg [{}]", in(reg) &ours, options(nostack, readonly));
+            }
+            Tiles { saved }
+        }
+    }
+
+    impl Drop for Tiles {
+        fn drop(&mut self) {
+            // SAFETY: puts back what `sttilecfg` saved; an unconfigured thread (palette 0) has its
+            // tiles released instead.
+            unsafe {
+                if self.saved.palette == 0 {
+                    asm!("tilerelease", options(nostack, nomem));
+                } else {
+                    asm!("ldtilecfg [{}]", in(reg) &self.saved, options(nostack, readonly));
+                }
+            }
+        }
+    }
+
+    /// 32 × 32 int32 sums `a · bᵀ` of signed bytes: `a` two 16-row tiles (`a` and `a + 16·lda`,
+    /// rows `lda` bytes apart), `b0` and `b1` two 16-column tiles in the VNNI layout (16 rows of 4
+    /// bytes × 16 columns, 1 KiB each, the next depth step 1 KiB after), over `steps` steps of 64
+    /// bytes of depth; stored at `c` (rows `ldc` bytes apart; `b1`'s columns 64 bytes right).
+    ///
+    /// # Safety
+    /// [`Tiles::configure`] is in force on this thread and every address is inside its buffer.
+    #[inline]
+    pub(crate) unsafe fn dot_s8_32x32(a: *const i8, lda: usize, b0: *const i8, b1: *const i8, steps: usize, c: *mut i32, ldc: usize) {
+        unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+            for s in 0..steps {
+                asm!(
+                    "tileloadd tmm4, [{a0} + {lda}*1]",
+                    "tileloadd tmm6, [{b0} + {ldb}*1]",
+                    "tdpbssd tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {ldb}*1]",
+                    "tdpbssd tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {lda}*1]",
+                    "tdpbssd tmm2, tmm5, tmm6",
+                    "tdpbssd tmm3, tmm5, tmm7",
+                    a0 = in(reg) a.add(s * 64),
+                    a1 = in(reg) a.add(16 * lda + s * 64),
+                    b0 = in(reg) b0.add(s * 1024),
+                    b1 = in(reg) b1.add(s * 1024),
+                    lda = in(reg) lda,
+                    ldb = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{c0} + {ldc}*1], tmm0",
+                "tilestored [{c1} + {ldc}*1], tmm1",
+                "tilestored [{c2} + {ldc}*1], tmm2",
+                "tilestored [{c3} + {ldc}*1], tmm3",
+                c0 = in(reg) c,
+                c1 = in(reg) c.byte_add(64),
+                c2 = in(reg) c.byte_add(16 * ldc),
+                c3 = in(reg) c.byte_add(16 * ldc + 64),
+                ldc = in(reg) ldc,
+                options(nostack)
+            );
+        }
+    }
+
+    /// 16 × 64 int32 sums `a · b` of unsigned bytes `a` (16 rows, `lda` bytes apart) and signed
+    /// bytes `b`: for each of `steps` depth steps of 64, four 16-column tiles in the VNNI layout,
+    /// 1 KiB each, contiguous from `b + step · b_step` bytes; stored at `c` (rows 256 bytes apart).
+    ///
+    /// # Safety
+    /// As [`dot_s8_32x32`].
+    #[inline]
+    pub(crate) unsafe fn dot_u8s8_16x64(a: *const u8, lda: usize, b: *const i8, b_step: usize, steps: usize, c: *mut i32) {
+        unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+            for s in 0..steps {
+                let bs = b.add(s * b_step);
+                asm!(
+                    "tileloadd tmm4, [{a} + {lda}*1]",
+                    "tileloadd tmm5, [{b0} + {ldb}*1]",
+                    "tdpbusd tmm0, tmm4, tmm5",
+                    "tileloadd tmm6, [{b1} + {ldb}*1]",
+                    "tdpbusd tmm1, tmm4, tmm6",
+                    "tileloadd tmm7, [{b2} + {ldb}*1]",
+                    "tdpbusd tmm2, tmm4, tmm7",
+                    "tileloadd tmm5, [{b3} + {ldb}*1]",
+                    "tdpbusd tmm3, tmm4, tmm5",
+                    a = in(reg) a.add(s * 64),
+                    b0 = in(reg) bs,
+                    b1 = in(reg) bs.add(1024),
+                    b2 = in(reg) bs.add(2048),
+                    b3 = in(reg) bs.add(3072),
+                    lda = in(reg) lda,
+                    ldb = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{c0} + {ldc}*1], tmm0",
+                "tilestored [{c1} + {ldc}*1], tmm1",
+                "tilestored [{c2} + {ldc}*1], tmm2",
+                "tilestored [{c3} + {ldc}*1], tmm3",
+                c0 = in(reg) c,
+                c1 = in(reg) c.byte_add(64),
+                c2 = in(reg) c.byte_add(128),
+                c3 = in(reg) c.byte_add(192),
+                ldc = in(reg) 256usize,
+                options(nostack)
+            );
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! Scaled dot-product attention with int8 products on AMX, for the ViT blocks of Q8_0 models (whose
+//! projections already round their activations to 8 bits). Per head, keys are rounded to int8 with
+//! one scale per key and values with one scale per channel, packed once into AMX tiles; per block of
+//! 32 query rows, queries are rounded with one scale per row, `q kᵀ` is summed in int32 by
+//! `tdpbssd`, scaled into f32, and the softmax's numerators `exp(s − max)` (≤ 1) are rounded to
+//! bytes `round(255 e)` that `tdpbusd` multiplies by the values, normalised by their integer sum.
+//! The score block stays in L2 as in [`super::fused_attention`], whose layout checks it shares.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
+use candle_core::Tensor;
+use rayon::prelude::*;
+
+use super::fused_attention::{view, HeadsView};
+use crate::error::{Error, Result};
+
+/// Query rows per task: two 16-row tiles.
+const ROWS: usize = 32;
+/// Keys per tile of `q kᵀ`, values per tile row group (and the depth of a tile step, in bytes).
+const KEYS: usize = 16;
+const DEPTH: usize = 64;
+
+/// Whether [`attention`] runs `q`, `k`, `v` here: f32 CPU tensors as [`super::fused_attention`]
+/// takes, a head width that is a multiple of 64, and AMX.
+pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+    super::fused_attention::applies(q, k, v) && q.dim(3).is_ok_and(|d| d > 0 && d % DEPTH == 0) && super::amx::available()
+}
+
+/// `softmax(q kᵀ · scale) v` with int8 products, for `q` `[B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`
+/// (any strides with the last dimension contiguous), returned contiguous `[B, H, Nq, D]`. An error
+/// where [`applies`] does not hold.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
+    if !applies(q, k, v) {
+        return Err(Error::Input("int8 attention: needs f32 CPU tensors, a head width that is a multiple of 64 and AMX".into()));
+    }
+    let (b, h, nq, d) = q.dims4()?;
+    let (kb, kh, nk, kd) = k.dims4()?;
+    if (kb, kh, kd) != (b, h, d) || v.dims4()? != (b, h, nk, d) || nk == 0 {
+        return Err(Error::Input(format!("attention: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
+    }
+    let (qs, ql) = q.storage_and_layout();
+    let (ks, kl) = k.storage_and_layout();
+    let (vs, vl) = v.storage_and_layout();
+    let (qv, kv, vv) = (view(&qs, ql)?, view(&ks, kl)?, view(&vs, vl)?);
+    let mut out = vec![0f32; b * h * nq * d];
+    if nq > 0 {
+        out.par_chunks_mut(nq * d).enumerate().for_each(|(bh, head_out)| {
+            let (bi, hi) = (bh / h, bh % h);
+            let keys = Keys::pack(&kv, (bi, hi), nk, d);
+            let values = Values::pack(&vv, (bi, hi), nk, d);
+            head_out.par_chunks_mut(ROWS * d).enumerate().for_each(|(block, o)| {
+                let q_rows = |r: usize| &qv.from_row(bi, hi, block * ROWS + r)[..d];
+                // SAFETY: `applies` checked AMX and AVX-512BW.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    attend_block(q_rows, o.len() / d, &keys, &values, scale, o)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (q_rows, o, &keys, &values, scale);
+            });
+        });
+    }
+    drop((qs, ks, vs));
+    Ok(Tensor::from_vec(out, (b, h, nq, d), q.device())?)
+}
+
+/// Rounds `x` to `round(x / s)` bytes with `s = max|x| / 127` and returns `s` (NaN where `x` holds a
+/// non-finite value, 0 for a zero row).
+fn round_row(x: &[f32], dst: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::amx::available() && x.len() % 16 == 0 {
+        // SAFETY: AVX-512F and BW run here (`amx::available`).
+        return unsafe { simd::round_row(x, dst) };
+    }
+    let max = x.iter().fold(0f32, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m });
+    let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
+    for (d, v) in dst.iter_mut().zip(x) {
+        *d = (v * inv).round_ties_even() as i8;
+    }
+    if max.is_finite() { max / 127.0 } else { f32::NAN }
+}
+
+/// Rounds `x · inv` to bytes, value by value.
+fn round_by(x: &[f32], inv: &[f32], dst: &mut [i8]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::amx::available() && x.len() % 16 == 0 {
+        // SAFETY: AVX-512F runs here (`amx::available`).
+        return unsafe { simd::round_by(x, inv, dst) };
+    }
+    for ((q, x), s) in dst.iter_mut().zip(x).zip(inv) {
+        *q = (x * s).round_ties_even() as i8;
+    }
+}
+
+/// One head's keys rounded per key and packed as `q kᵀ`'s right-hand tiles.
+struct Keys {
+    /// `[key tile][depth step][16 rows of 4 bytes × 16 keys]`, keys padded with zeros to 32.
+    tiles: Vec<i8>,
+    /// Each key's scale (padding keys: 0).
+    scale: Vec<f32>,
+    /// Keys in all (unpadded).
+    n: usize,
+}
+
+impl Keys {
+    fn pack(k: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Keys {
+        let padded = n.next_multiple_of(2 * KEYS);
+        let steps = d / DEPTH;
+        let mut tiles = vec![0i8; padded * d];
+        let mut scale = vec![0f32; padded];
+        let mut row = vec![0i8; d];
+        for j in 0..n {
+            scale[j] = round_row(&k.from_row(b, h, j)[..d], &mut row);
+            // Each 4 bytes of the key go whole to their tile row (64 bytes apart).
+            let (tile, col) = (j / KEYS, j % KEYS);
+            for (quad, x) in row.chunks_exact(4).enumerate() {
+                let (step, r) = (quad / (DEPTH / 4), quad % (DEPTH / 4));
+                tiles[(tile * steps + step) * 1024 + r * 64 + col * 4..][..4].copy_from_slice(x);
+            }
+        }
+        Keys { tiles, scale, n }
+    }
+}
+
+/// One head's values rounded per channel and packed as `p v`'s right-hand tiles.
+struct Values {
+    /// `[64-key step][16-channel group][16 rows of 4 keys × 16 channels]`, keys padded with zeros.
+    tiles: Vec<i8>,
+    /// Each channel's scale.
+    scale: Vec<f32>,
+}
+
+impl Values {
+    fn pack(v: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Values {
+        let padded = n.next_multiple_of(DEPTH);
+        let groups = d / 16;
+        let mut max = vec![0f32; d];
+        for j in 0..n {
+            for (m, x) in max.iter_mut().zip(&v.from_row(b, h, j)[..d]) {
+                if x.abs() > *m || x.is_nan() {
+                    *m = x.abs();
+                }
+            }
+        }
+        let inv: Vec<f32> = max.iter().map(|&m| if m > 0.0 { 127.0 / m } else { 0.0 }).collect();
+        let mut tiles = vec![0i8; padded * d];
+        // Four keys at a time: their bytes interleave into each 16-channel group's tile row.
+        let mut quad = vec![0i8; 4 * d];
+        for j0 in (0..n).step_by(4) {
+            quad.fill(0);
+            for (t, dst) in quad.chunks_exact_mut(d).enumerate().take(n - j0) {
+                round_by(&v.from_row(b, h, j0 + t)[..d], &inv, dst);
+            }
+            let (step, r) = (j0 / DEPTH, (j0 % DEPTH) / 4);
+            for g in 0..groups {
+                let dst = &mut tiles[(step * groups + g) * 1024 + r * 64..][..64];
+                for (c, lane) in dst.chunks_exact_mut(4).enumerate() {
+                    for (t, x) in lane.iter_mut().enumerate() {
+                        *x = quad[t * d + g * 16 + c];
+                    }
+                }
+            }
+        }
+        let scale = max.iter().map(|&m| if m.is_finite() { m / 127.0 } else { f32::NAN }).collect();
+        Values { tiles, scale }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// Each worker's score block (int32 sums, then f32 scores in place).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each worker's rounded probabilities.
+    static PROBS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Query rows `q_rows(0 .. rows)` (`rows` ≤ 32) of one head against its packed keys and values,
+/// into `out` (`rows × d`).
+///
+/// # Safety
+/// AMX and AVX-512BW run here ([`super::amx::available`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, keys: &Keys, values: &Values, scale: f32, out: &mut [f32]) {
+    use super::amx;
+    use super::cpu_slice::with_scratch;
+    let d = values.scale.len();
+    let (nk, padded_keys) = (keys.n, keys.scale.len());
+    let padded_probs = nk.next_multiple_of(DEPTH);
+    let mut q8 = vec![0i8; ROWS * d];
+    let mut q_scale = [0f32; ROWS];
+    for r in 0..rows {
+        q_scale[r] = round_row(q_rows(r), &mut q8[r * d..][..d]) * scale;
+    }
+    with_scratch(&SCORES, |scores| {
+        with_scratch(&PROBS, |probs| {
+            scores.resize(ROWS * padded_keys, 0.0);
+            probs.resize(ROWS * padded_probs, 0);
+            let sums = scores.as_mut_ptr().cast::<i32>();
+            // SAFETY: the tiles are configured for this block only; `q8` holds 32 rows of d bytes,
+            // the key tiles `padded_keys / 16` tiles of d/64 steps, the score block 32 rows of
+            // `padded_keys` int32 sums, each call two tiles (32 columns) of them.
+            {
+                let _tiles = unsafe { amx::Tiles::configure() };
+                let steps = d / DEPTH;
+                for pair in 0..padded_keys / (2 * KEYS) {
+                    let b0 = keys.tiles.as_ptr().add(2 * pair * steps * 1024);
+                    unsafe { amx::dot_s8_32x32(q8.as_ptr(), d, b0, b0.add(steps * 1024), steps, sums.add(pair * 2 * KEYS), padded_keys * 4) };
+                }
+                let mut prob_sums = [0u32; ROWS];
+                for r in 0..rows {
+                    // The row's int32 sums become its f32 scores in place.
+                    let row = sums.add(r * padded_keys);
+                    simd::scale_sums(row, &keys.scale[..nk], q_scale[r]);
+                    let row = std::slice::from_raw_parts_mut(row.cast::<f32>(), nk);
+                    let total = super::fast_math::softmax_numerator(row, 1.0);
+                    let p = &mut probs[r * padded_probs..][..padded_probs];
+                    let sum = simd::round_probs(row, &mut p[..nk]);
+                    p[nk..].fill(0);
+                    prob_sums[r] = if total.is_finite() { sum } else { 0 };
+                }
+                let mut acc = [0i32; 16 * 64];
+                let (steps, groups) = (padded_probs / DEPTH, d / 16);
+                for half in 0..rows.div_ceil(16) {
+                    for quad in 0..groups / 4 {
+                        // SAFETY: 16 rows of `padded_probs` bytes from row 16·half (the block has 32
+                        // rows); the value tiles of `steps` steps of `groups` 1 KiB tiles each.
+                        unsafe {
+                            amx::dot_u8s8_16x64(probs.as_ptr().add(half * 16 * padded_probs), padded_probs, values.tiles.as_ptr().add(quad * 4 * 1024), groups * 1024, steps, acc.as_mut_ptr());
+                        }
+                        for i in 0..16.min(rows - half * 16) {
+                            let r = half * 16 + i;
+                            let inv = if prob_sums[r] > 0 { 1.0 / prob_sums[r] as f32 } else { f32::NAN };
+                            let dst = &mut out[r * d + quad * 64..][..64];
+                            for ((o, a), s) in dst.iter_mut().zip(&acc[i * 64..][..64]).zip(&values.scale[quad * 64..]) {
+                                *o = *a as f32 * s * inv;
+                            }
+                        }
+                    }
+                }
+            }
+        })
+    });
+}
+
+/// The element-wise passes of [`attend_block`] in AVX-512 (LLVM left their rounding and
+/// saturating casts scalar).
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// The mask of the first `n` (< 16) lanes.
+    fn first(n: usize) -> __mmask16 {
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// [`super::round_row`] for rows of a multiple of 16 values.
+    ///
+    /// # Safety
+    /// AVX-512F runs here; `dst` is as long as `x`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn round_row(x: &[f32], dst: &mut [i8]) -> f32 {
+        let (mut max, mut bad) = (_mm512_setzero_ps(), 0 as __mmask16);
+        for c in x.chunks_exact(16) {
+            let v = _mm512_loadu_ps(c.as_ptr());
+            bad |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            max = _mm512_max_ps(max, _mm512_abs_ps(v));
+        }
+        let max = _mm512_reduce_max_ps(max);
+        let inv = _mm512_set1_ps(if max > 0.0 { 127.0 / max } else { 0.0 });
+        for (c, d) in x.chunks_exact(16).zip(dst.chunks_exact_mut(16)) {
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv));
+            _mm_storeu_si128(d.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(q));
+        }
+        if bad != 0 || !max.is_finite() { f32::NAN } else { max / 127.0 }
+    }
+
+    /// [`super::round_by`] for rows of a multiple of 16 values.
+    ///
+    /// # Safety
+    /// AVX-512F runs here; `inv` and `dst` are as long as `x`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn round_by(x: &[f32], inv: &[f32], dst: &mut [i8]) {
+        for ((c, s), d) in x.chunks_exact(16).zip(inv.chunks_exact(16)).zip(dst.chunks_exact_mut(16)) {
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), _mm512_loadu_ps(s.as_ptr())));
+            _mm_storeu_si128(d.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(q));
+        }
+    }
+
+    /// Turns a row's int32 sums at `row` into f32 scores in place: `sum_j · key_scale_j · q_scale`.
+    ///
+    /// # Safety
+    /// AVX-512F runs here; `row` holds `key_scale.len()` int32 values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scale_sums(row: *mut i32, key_scale: &[f32], q_scale: f32) {
+        let qs = _mm512_set1_ps(q_scale);
+        let n = key_scale.len();
+        for j in (0..n).step_by(16) {
+            let m = if n - j >= 16 { !0 } else { first(n - j) };
+            let sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, row.add(j)));
+            let ks = _mm512_maskz_loadu_ps(m, key_scale.as_ptr().add(j));
+            _mm512_mask_storeu_ps(row.add(j).cast(), m, _mm512_mul_ps(sums, _mm512_mul_ps(ks, qs)));
+        }
+    }
+
+    /// Rounds numerators `e` in `[0, 1]` to bytes `round(255 e)` and returns their sum.
+    ///
+    /// # Safety
+    /// AVX-512F runs here; `dst` is as long as `e`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn round_probs(e: &[f32], dst: &mut [u8]) -> u32 {
+        let scale = _mm512_set1_ps(255.0);
+        let mut sum = _mm512_setzero_si512();
+        let n = e.len();
+        for j in (0..n).step_by(16) {
+            let m = if n - j >= 16 { !0 } else { first(n - j) };
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, e.as_ptr().add(j)), scale));
+            let q = _mm512_max_epi32(q, _mm512_setzero_si512());
+            sum = _mm512_add_epi32(sum, q);
+            _mm512_mask_cvtusepi32_storeu_epi8(dst.as_mut_ptr().add(j).cast(), m, q);
+        }
+        _mm512_reduce_add_epi32(sum) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn tracks_the_f32_attention_within_8_bit_rounding() {
+        if !crate::nn::amx::available() {
+            eprintln!("no AMX here: the int8 attention does not run");
+            return;
+        }
+        let dev = Device::Cpu;
+        // 75 queries: two full blocks and a partial one; 70 keys: not a multiple of 16 or 64;
+        // width 128: two depth steps.
+        for (b, h, nq, nk, d) in [(2, 3, 75, 70, 64), (1, 2, 40, 130, 128)] {
+            let q = Tensor::randn(0f32, 1.0, (b, h, nq, d), &dev).unwrap();
+            let k = Tensor::randn(0f32, 1.0, (b, h, nk, d), &dev).unwrap();
+            let v = Tensor::randn(0f32, 1.0, (b, h, nk, d), &dev).unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            let want = crate::nn::fused_attention::attention(&q, &k, &v, scale).unwrap();
+            let got = attention(&q, &k, &v, scale).unwrap();
+            let err = (&got - &want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+            let max = want.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+            eprintln!("{b}×{h}×{nq}×{nk}×{d}: max abs error {err} (max |f32| {max})");
+            assert!(err < 0.03 * max && err > 0.0, "{b}×{h}×{nq}×{nk}×{d}: max abs error {err} (max |f32| {max})");
+        }
+    }
+
+    #[test]
+    fn strided_heads_and_bad_shapes() {
+        if !crate::nn::amx::available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        let (b, h, n, d) = (1, 2, 50, 64);
+        let qkv = Tensor::randn(0f32, 1.0, (b, n, 3 * h * d), &dev).unwrap();
+        let split = |i: usize| qkv.narrow(2, i * h * d, h * d).unwrap().reshape((b, n, h, d)).unwrap().transpose(1, 2).unwrap();
+        let (q, k, v) = (split(0), split(1), split(2));
+        let want = attention(&q.contiguous().unwrap(), &k.contiguous().unwrap(), &v.contiguous().unwrap(), 0.125).unwrap();
+        let got = attention(&q, &k, &v, 0.125).unwrap();
+        assert_eq!(got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), want.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        // A non-finite query stays non-finite in its own output row only.
+        let mut qs = q.contiguous().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        qs[5 * d] = f32::NAN;
+        let bad = attention(&Tensor::from_vec(qs, (b, h, n, d), &dev).unwrap(), &k, &v, 0.125).unwrap();
+        let rows = bad.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(rows.chunks(d).enumerate().all(|(r, row)| row.iter().all(|x| x.is_nan()) == (r == 5) && (r == 5 || row.iter().all(|x| x.is_finite()))));
+        let narrow = Tensor::zeros((1, 2, 4, 32), candle_core::DType::F32, &dev).unwrap();
+        assert!(attention(&narrow, &narrow, &narrow, 1.0).is_err());
+        let other = Tensor::zeros((1, 2, 5, 128), candle_core::DType::F32, &dev).unwrap();
+        assert!(attention(&q, &other, &other, 1.0).is_err());
+    }
+}
