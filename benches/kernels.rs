@@ -112,11 +112,15 @@ fn geometric_product(c: &mut Criterion) {
     }
 }
 
-/// Attention (6 heads × 1370 tokens × 64: fused kernel and Candle ops), LayerNorm, GELU, resizes.
+/// Attention (6 heads × 1370 tokens × 64: fused kernel, int8 on AMX and Candle ops), LayerNorm, GELU, resizes.
 fn elementwise(c: &mut Criterion) {
     let (q, k, v) = (randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]), randn(&[1, 6, 1370, 64]));
     let n = 4 * 6 * 1370 * 1370 * 64;
     flops(c, "attention_fused", "6x1370x64", n, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
+    // The int8 attention of Q8_0 ViT blocks (AMX only).
+    if edgerun::nn::int8_attention::applies(&q, &k, &v) {
+        flops(c, "attention_int8_amx", "6x1370x64", n, &mut || edgerun::nn::int8_attention::attention(&q, &k, &v, 0.125).unwrap());
+    }
     // The fused attention's softmax over one score block (128 query rows × 1370 keys), in place.
     let mut block: Vec<f32> = (0..128 * 1370).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
     let mut g = c.benchmark_group("softmax_numerator");

@@ -18,10 +18,16 @@ const ROWS: usize = 32;
 const KEYS: usize = 16;
 const DEPTH: usize = 64;
 
+/// The most keys whose int32 sums `Σ p v` (bytes ≤ 255 times ≤ 128 in magnitude) cannot overflow.
+const MAX_KEYS: usize = (i32::MAX as usize) / (255 * 128);
+
 /// Whether [`attention`] runs `q`, `k`, `v` here: f32 CPU tensors as [`super::fused_attention`]
-/// takes, a head width that is a multiple of 64, and AMX.
+/// takes, a head width that is a multiple of 64, at most [`MAX_KEYS`] keys, and AMX.
 pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
-    super::fused_attention::applies(q, k, v) && q.dim(3).is_ok_and(|d| d > 0 && d % DEPTH == 0) && super::amx::available()
+    super::fused_attention::applies(q, k, v)
+        && q.dim(3).is_ok_and(|d| d > 0 && d % DEPTH == 0 && d <= MAX_KEYS)
+        && k.dim(2).is_ok_and(|n| n <= MAX_KEYS)
+        && super::amx::available()
 }
 
 /// `softmax(q kᵀ · scale) v` with int8 products, for `q` `[B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]`
@@ -209,13 +215,12 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, key
                 for r in 0..rows {
                     // The row's int32 sums become its f32 scores in place.
                     let row = sums.add(r * padded_keys);
-                    simd::scale_sums(row, &keys.scale[..nk], q_scale[r]);
-                    let row = std::slice::from_raw_parts_mut(row.cast::<f32>(), nk);
-                    let total = super::fast_math::softmax_numerator(row, 1.0);
+                    let max = simd::scale_sums(row, &keys.scale[..nk], q_scale[r]);
+                    let row = std::slice::from_raw_parts(row.cast::<f32>().cast_const(), nk);
                     let p = &mut probs[r * padded_probs..][..padded_probs];
-                    let sum = simd::round_probs(row, &mut p[..nk]);
+                    let sum = simd::round_numerators(row, max, &mut p[..nk]);
                     p[nk..].fill(0);
-                    prob_sums[r] = if total.is_finite() { sum } else { 0 };
+                    prob_sums[r] = if max.is_finite() { sum } else { 0 };
                 }
                 let mut acc = [0i32; 16 * 64];
                 let (steps, groups) = (padded_probs / DEPTH, d / 16);
@@ -285,39 +290,64 @@ mod simd {
         }
     }
 
-    /// Turns a row's int32 sums at `row` into f32 scores in place: `sum_j · key_scale_j · q_scale`.
+    /// Turns a row's int32 sums at `row` into f32 scores in place, `sum_j · key_scale_j · q_scale`,
+    /// and returns their maximum (NaN where a score is not a number).
     ///
     /// # Safety
     /// AVX-512F runs here; `row` holds `key_scale.len()` int32 values.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scale_sums(row: *mut i32, key_scale: &[f32], q_scale: f32) {
+    pub(super) unsafe fn scale_sums(row: *mut i32, key_scale: &[f32], q_scale: f32) -> f32 {
         let qs = _mm512_set1_ps(q_scale);
+        let (mut max, mut bad) = (_mm512_set1_ps(f32::NEG_INFINITY), 0 as __mmask16);
         let n = key_scale.len();
         for j in (0..n).step_by(16) {
             let m = if n - j >= 16 { !0 } else { first(n - j) };
             let sums = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, row.add(j)));
-            let ks = _mm512_maskz_loadu_ps(m, key_scale.as_ptr().add(j));
-            _mm512_mask_storeu_ps(row.add(j).cast(), m, _mm512_mul_ps(sums, _mm512_mul_ps(ks, qs)));
+            let s = _mm512_mul_ps(sums, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, key_scale.as_ptr().add(j)), qs));
+            _mm512_mask_storeu_ps(row.add(j).cast(), m, s);
+            bad |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(m, s, s);
+            max = _mm512_mask_max_ps(max, m, max, s);
         }
+        if bad != 0 { f32::NAN } else { _mm512_reduce_max_ps(max) }
     }
 
-    /// Rounds numerators `e` in `[0, 1]` to bytes `round(255 e)` and returns their sum.
+    /// Rounds the softmax's numerators `exp(s − max)` (in `[0, 1]`) of scores `s` to bytes
+    /// `round(255 e)` and returns their sum.
     ///
     /// # Safety
-    /// AVX-512F runs here; `dst` is as long as `e`.
+    /// AVX-512F runs here; `dst` is as long as `s`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn round_probs(e: &[f32], dst: &mut [u8]) -> u32 {
-        let scale = _mm512_set1_ps(255.0);
+    pub(super) unsafe fn round_numerators(s: &[f32], max: f32, dst: &mut [u8]) -> u32 {
+        let (shift, scale) = (_mm512_set1_ps(max), _mm512_set1_ps(255.0));
         let mut sum = _mm512_setzero_si512();
-        let n = e.len();
+        let n = s.len();
         for j in (0..n).step_by(16) {
             let m = if n - j >= 16 { !0 } else { first(n - j) };
-            let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, e.as_ptr().add(j)), scale));
-            let q = _mm512_max_epi32(q, _mm512_setzero_si512());
+            let e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s.as_ptr().add(j)), shift));
+            let q = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(e, scale)), _mm512_setzero_si512());
+            let q = _mm512_maskz_mov_epi32(m, q);
             sum = _mm512_add_epi32(sum, q);
             _mm512_mask_cvtusepi32_storeu_epi8(dst.as_mut_ptr().add(j).cast(), m, q);
         }
         _mm512_reduce_add_epi32(sum) as u32
+    }
+
+    /// `eˣ` for `x ≤ 0`, lane by lane: [`crate::nn::fast_math::exp_nonpositive`]'s reduction and
+    /// polynomial, the power of two applied by `vscalefps`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp_nonpositive(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+        let r2 = _mm512_mul_ps(r, r);
+        let lo = _mm512_fmadd_ps(_mm512_set1_ps(1.666_666_5e-1), r, _mm512_set1_ps(5.000_000_1e-1));
+        let mid = _mm512_fmadd_ps(_mm512_set1_ps(8.333_452e-3), r, _mm512_set1_ps(4.166_579_6e-2));
+        let hi = _mm512_fmadd_ps(_mm512_set1_ps(1.987_569_1e-4), r, _mm512_set1_ps(1.398_199_9e-3));
+        let p = _mm512_fmadd_ps(r2, _mm512_fmadd_ps(r2, hi, mid), lo);
+        let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+        _mm512_scalef_ps(e, n)
     }
 }
 
@@ -372,5 +402,8 @@ mod tests {
         assert!(attention(&narrow, &narrow, &narrow, 1.0).is_err());
         let other = Tensor::zeros((1, 2, 5, 128), candle_core::DType::F32, &dev).unwrap();
         assert!(attention(&q, &other, &other, 1.0).is_err());
+        // More keys than int32 sums hold: the f32 attention's (a broadcast view, no memory).
+        let many = Tensor::zeros((1, 1, 1, 64), candle_core::DType::F32, &dev).unwrap().broadcast_as((1, 1, MAX_KEYS + 1, 64)).unwrap();
+        assert!(!applies(&Tensor::zeros((1, 1, 1, 64), candle_core::DType::F32, &dev).unwrap(), &many, &many));
     }
 }
