@@ -106,6 +106,34 @@ mod kernels {
         }
     }
 
+    /// Loads a raw 64-byte tile configuration (tests: another kernel's, or none).
+    ///
+    /// # Safety
+    /// AMX runs here and `config` is a valid configuration (palette 0 releases the tiles).
+    #[cfg(test)]
+    pub(crate) unsafe fn load_config(config: &[u8; 64]) {
+        let aligned = Config { palette: config[0], start_row: config[1], reserved: [0; 14], colsb: std::array::from_fn(|i| u16::from_le_bytes([config[16 + 2 * i], config[17 + 2 * i]])), rows: std::array::from_fn(|i| config[48 + i]) };
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &aligned, options(nostack, readonly)) };
+    }
+
+    /// The thread's tile configuration as `sttilecfg` stores it (zeros where it has none).
+    ///
+    /// # Safety
+    /// AMX runs here.
+    #[cfg(test)]
+    pub(crate) unsafe fn stored_config() -> [u8; 64] {
+        let mut c = Config { palette: 0, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        unsafe { asm!("sttilecfg [{}]", in(reg) &mut c, options(nostack)) };
+        let mut out = [0u8; 64];
+        out[0] = c.palette;
+        out[1] = c.start_row;
+        for (i, w) in c.colsb.iter().enumerate() {
+            out[16 + 2 * i..][..2].copy_from_slice(&w.to_le_bytes());
+        }
+        out[48..].copy_from_slice(&c.rows);
+        out
+    }
+
     /// 32 × 32 int32 sums `a · bᵀ` of signed bytes: `a` two 16-row tiles (`a` and `a + 16·lda`,
     /// rows `lda` bytes apart), `b0` and `b1` two 16-column tiles in the VNNI layout (16 rows of 4
     /// bytes × 16 columns, 1 KiB each, the next depth step 1 KiB after), over `steps` steps of 64
@@ -196,5 +224,40 @@ mod kernels {
                 options(nostack)
             );
         }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::kernels::*;
+
+    /// The guard leaves the thread's tiles as it found them: another kernel's configuration is put
+    /// back, and a thread that had none is left without one.
+    #[test]
+    fn the_tile_guard_restores_the_threads_configuration() {
+        if !super::available() {
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: AMX runs here; the configurations are valid 64-byte operands.
+            unsafe {
+                assert_eq!(stored_config(), [0; 64], "a new thread has no tile configuration");
+                drop(Tiles::configure());
+                assert_eq!(stored_config(), [0; 64]);
+                // Another kernel's: palette 1, tile 0 of 8 rows × 32 bytes.
+                let mut other = [0u8; 64];
+                other[0] = 1;
+                other[16] = 32;
+                other[48] = 8;
+                load_config(&other);
+                let tiles = Tiles::configure();
+                assert_ne!(stored_config(), other);
+                drop(tiles);
+                assert_eq!(stored_config(), other);
+                load_config(&[0; 64]);
+            }
+        })
+        .join()
+        .unwrap();
     }
 }
