@@ -14,6 +14,10 @@ const MIN_STRIDED_TAPS: usize = 2048;
 
 /// Floats of one stripe's columns and output (512 KiB, in L2; 2 MiB and 192 KiB were slower).
 const STRIPE_WORKING_SET: usize = 128 << 10;
+/// The fewest output pixels per stripe: the GEMM packs the whole weight for each stripe, so a wide
+/// conv on a small map (DPT's 3×3 / 2 over 384 channels, 19 pixels a row) must not take one row
+/// at a time.
+const MIN_STRIPE_PIXELS: usize = 256;
 
 /// A conv layer: weight `[O, C/groups, kh, kw]`, optional bias `[O]`.
 #[derive(Debug, Clone)]
@@ -171,17 +175,12 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
     let (Some(oh), Some(ow)) = ((h + 2 * pad).checked_sub(kh).map(|v| v / stride + 1), (wd + 2 * pad).checked_sub(kw).map(|v| v / stride + 1)) else {
         candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{wd} input padded by {pad}");
     };
-    let taps = c * kh * kw;
-    let k = taps + 1;
-    let weight = match bias {
-        Some(bias) => Tensor::cat(&[&w.reshape((o, taps))?, &bias.reshape((o, 1))?], 1)?,
-        None => Tensor::cat(&[&w.reshape((o, taps))?, &Tensor::zeros((o, 1), DType::F32, w.device())?], 1)?,
-    };
-    let weight = weight.flatten_all()?.to_vec1::<f32>()?;
-    let rows = (STRIPE_WORKING_SET / ((k + o) * ow).max(1)).clamp(1, oh.max(1));
+    let k = c * kh * kw;
+    let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
+    let rows = (STRIPE_WORKING_SET / ((k + o) * ow).max(1)).max(MIN_STRIPE_PIXELS.div_ceil(ow.max(1))).clamp(1, oh.max(1));
     let stripes = oh.div_ceil(rows);
     let threads = rayon::current_num_threads();
-    let convolve = |xs: &[f32]| -> Vec<f32> {
+    let convolve = |weight: &[f32], xs: &[f32]| -> Vec<f32> {
         let mut out = vec![0f32; b * o * oh * ow];
         for (img, dst) in xs.chunks_exact(c * h * wd).zip(out.chunks_exact_mut(o * oh * ow)) {
             let dst = super::cpu_slice::SharedOut(dst.as_mut_ptr());
@@ -190,11 +189,7 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
                 super::cpu_slice::with_scratch(&COLUMNS, |cols| {
                     cols.clear();
                     cols.resize(k * n, 0.0);
-                    for (r, col) in cols.chunks_exact_mut(n).enumerate() {
-                        if r == taps {
-                            col.fill(1.0);
-                            continue;
-                        }
+                    let fill = |(r, col): (usize, &mut [f32])| {
                         let (ci, ky, kx) = (r / (kh * kw), (r / kw) % kh, r % kw);
                         let plane = &img[ci * h * wd..][..h * wd];
                         for (dy, line) in col.chunks_exact_mut(ow).enumerate() {
@@ -218,17 +213,29 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
                                 }
                             }
                         }
+                    };
+                    // The stripes in turn (a threaded GEMM each): their columns in parallel too.
+                    if matches!(par, gemm::Parallelism::None) {
+                        cols.chunks_exact_mut(n).enumerate().for_each(fill);
+                    } else {
+                        cols.par_chunks_exact_mut(n).enumerate().for_each(fill);
                     }
                     // SAFETY: lhs is the `o × k` weight, rhs the `k × n` columns; dst addresses output
                     // rows y0.. of each of the o channel planes (row stride oh·ow, n = rows·ow
-                    // elements each), which no other stripe writes.
+                    // elements each), which no other stripe writes. With a bias, those rows start
+                    // as the bias and the GEMM adds to them.
                     unsafe {
+                        if let Some(bias) = &bias {
+                            for (co, &v) in bias.iter().enumerate() {
+                                std::slice::from_raw_parts_mut(dst.at(co * oh * ow + y0 * ow), n).fill(v);
+                            }
+                        }
                         gemm::gemm(
                             o, n, k,
-                            dst.at(y0 * ow), 1, (oh * ow) as isize, false,
+                            dst.at(y0 * ow), 1, (oh * ow) as isize, bias.is_some(),
                             weight.as_ptr(), 1, k as isize,
                             cols.as_ptr(), 1, n as isize,
-                            0.0, 1.0, false, false, false, par,
+                            1.0, 1.0, false, false, false, par,
                         );
                     }
                 });
@@ -242,9 +249,10 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
         }
         out
     };
-    match super::cpu_slice::with_contiguous(x, convolve)? {
+    let out = super::cpu_slice::with_contiguous(w, |ws: &[f32]| super::cpu_slice::with_contiguous(x, |xs: &[f32]| convolve(ws, xs)))?.transpose()?.flatten();
+    match out {
         Some(out) => Tensor::from_vec(out, (b, o, oh, ow), x.device()),
-        None => candle_core::bail!("conv2d: the fast path needs an f32 CPU input"),
+        None => candle_core::bail!("conv2d: the fast path needs an f32 CPU input and weight"),
     }
 }
 
