@@ -134,6 +134,28 @@ mod kernels {
         out
     }
 
+    /// Stores the int32 sums of tiles 0–3 at `c[0..4]`, rows `ldc` bytes apart.
+    ///
+    /// # Safety
+    /// [`Tiles::configure`] is in force and each address has 16 rows of 64 writable bytes.
+    #[inline]
+    unsafe fn store_sums(c: [*mut i32; 4], ldc: usize) {
+        unsafe {
+            asm!(
+                "tilestored [{c0} + {ldc}*1], tmm0",
+                "tilestored [{c1} + {ldc}*1], tmm1",
+                "tilestored [{c2} + {ldc}*1], tmm2",
+                "tilestored [{c3} + {ldc}*1], tmm3",
+                c0 = in(reg) c[0],
+                c1 = in(reg) c[1],
+                c2 = in(reg) c[2],
+                c3 = in(reg) c[3],
+                ldc = in(reg) ldc,
+                options(nostack)
+            );
+        }
+    }
+
     /// 32 × 32 int32 sums `a · bᵀ` of signed bytes: `a` two 16-row tiles (`a` and `a + 16·lda`,
     /// rows `lda` bytes apart), `b0` and `b1` two 16-column tiles in the VNNI layout (16 rows of 4
     /// bytes × 16 columns, 1 KiB each, the next depth step 1 KiB after), over `steps` steps of 64
@@ -164,18 +186,7 @@ mod kernels {
                     options(nostack, readonly)
                 );
             }
-            asm!(
-                "tilestored [{c0} + {ldc}*1], tmm0",
-                "tilestored [{c1} + {ldc}*1], tmm1",
-                "tilestored [{c2} + {ldc}*1], tmm2",
-                "tilestored [{c3} + {ldc}*1], tmm3",
-                c0 = in(reg) c,
-                c1 = in(reg) c.byte_add(64),
-                c2 = in(reg) c.byte_add(16 * ldc),
-                c3 = in(reg) c.byte_add(16 * ldc + 64),
-                ldc = in(reg) ldc,
-                options(nostack)
-            );
+            store_sums([c, c.byte_add(64), c.byte_add(16 * ldc), c.byte_add(16 * ldc + 64)], ldc);
         }
     }
 
@@ -211,18 +222,7 @@ mod kernels {
                     options(nostack, readonly)
                 );
             }
-            asm!(
-                "tilestored [{c0} + {ldc}*1], tmm0",
-                "tilestored [{c1} + {ldc}*1], tmm1",
-                "tilestored [{c2} + {ldc}*1], tmm2",
-                "tilestored [{c3} + {ldc}*1], tmm3",
-                c0 = in(reg) c,
-                c1 = in(reg) c.byte_add(64),
-                c2 = in(reg) c.byte_add(128),
-                c3 = in(reg) c.byte_add(192),
-                ldc = in(reg) 256usize,
-                options(nostack)
-            );
+            store_sums([c, c.byte_add(64), c.byte_add(128), c.byte_add(192)], 256);
         }
     }
 }

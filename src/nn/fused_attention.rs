@@ -54,11 +54,7 @@ pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
 /// `softmax(q kᵀ · scale) v` for `q` `[B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]` (any strides with
 /// the last dimension contiguous), returned contiguous `[B, H, Nq, D]`. Callers check [`applies`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
-    let (b, h, nq, d) = q.dims4()?;
-    let (kb, kh, nk, kd) = k.dims4()?;
-    if (kb, kh, kd) != (b, h, d) || v.dims4()? != (b, h, nk, d) || nk == 0 {
-        return Err(Error::Input(format!("attention: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
-    }
+    let (b, h, nq, nk, d) = dims(q, k, v)?;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
@@ -89,6 +85,17 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
 thread_local! {
     /// Each worker's score block, reused across tasks.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `(B, H, Nq, Nk, D)` of `q` `[B, H, Nq, D]` and `k`, `v` `[B, H, Nk, D]`; an error where they
+/// disagree or there are no keys.
+pub(crate) fn dims(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(usize, usize, usize, usize, usize)> {
+    let (b, h, nq, d) = q.dims4()?;
+    let (kb, kh, nk, kd) = k.dims4()?;
+    if (kb, kh, kd) != (b, h, d) || v.dims4()? != (b, h, nk, d) || nk == 0 {
+        return Err(Error::Input(format!("attention: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
+    }
+    Ok((b, h, nq, nk, d))
 }
 
 /// The f32 CPU data of a tensor as a [`HeadsView`], or an error for other storage.

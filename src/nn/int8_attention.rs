@@ -9,7 +9,7 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
-use super::fused_attention::{view, HeadsView};
+use super::fused_attention::{dims, view, HeadsView};
 use crate::error::{Error, Result};
 
 /// Query rows per task: two 16-row tiles.
@@ -37,11 +37,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
     if !applies(q, k, v) {
         return Err(Error::Input("int8 attention: needs f32 CPU tensors, a head width that is a multiple of 64 and AMX".into()));
     }
-    let (b, h, nq, d) = q.dims4()?;
-    let (kb, kh, nk, kd) = k.dims4()?;
-    if (kb, kh, kd) != (b, h, d) || v.dims4()? != (b, h, nk, d) || nk == 0 {
-        return Err(Error::Input(format!("attention: incompatible q {:?}, k {:?}, v {:?}", q.dims(), k.dims(), v.dims())));
-    }
+    let (b, h, nq, nk, d) = dims(q, k, v)?;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
