@@ -56,14 +56,46 @@ pub(crate) use kernels::*;
 mod kernels {
     use std::arch::asm;
 
-    /// The 64-byte operand of `ldtilecfg` / `sttilecfg`.
+    /// The 64-byte operand of `ldtilecfg` / `sttilecfg`: byte 0 the palette (0: no tiles), bytes
+    /// 16.. each tile's row width in bytes (u16), bytes 48.. each tile's rows.
     #[repr(C, align(64))]
-    struct Config {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        colsb: [u16; 16],
-        rows: [u8; 16],
+    struct Config([u8; 64]);
+
+    impl Config {
+        /// Palette 1 with tiles 0–7 of 16 rows × 64 bytes.
+        fn ours() -> Config {
+            let mut c = [0u8; 64];
+            c[0] = 1;
+            for t in 0..8 {
+                c[16 + 2 * t..][..2].copy_from_slice(&64u16.to_le_bytes());
+                c[48 + t] = 16;
+            }
+            Config(c)
+        }
+
+        /// Loads this configuration (palette 0 releases the tiles).
+        ///
+        /// # Safety
+        /// AMX runs here and the configuration is valid.
+        unsafe fn load(&self) {
+            unsafe {
+                if self.0[0] == 0 {
+                    asm!("tilerelease", options(nostack, nomem));
+                } else {
+                    asm!("ldtilecfg [{}]", in(reg) self, options(nostack, readonly));
+                }
+            }
+        }
+
+        /// The thread's configuration (zeros where it has none).
+        ///
+        /// # Safety
+        /// AMX runs here.
+        unsafe fn stored() -> Config {
+            let mut c = Config([0; 64]);
+            unsafe { asm!("sttilecfg [{}]", in(reg) &mut c, options(nostack)) };
+            c
+        }
     }
 
     /// The thread's tiles configured as eight 16 × 64-byte tiles while it lives; the configuration
@@ -79,41 +111,29 @@ mod kernels {
         /// [`super::available`] returned true.
         #[inline]
         pub(crate) unsafe fn configure() -> Tiles {
-            let mut saved = Config { palette: 0, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
-            let mut ours = Config { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
-            ours.colsb[..8].fill(64);
-            ours.rows[..8].fill(16);
-            // SAFETY: both operands are 64-byte, 64-aligned configurations; tile data is permitted.
+            // SAFETY: AMX runs here; ours is a valid configuration.
             unsafe {
-                asm!("sttilecfg [{}]", in(reg) &mut saved, options(nostack));
-                asm!("ldtilecfg [{}]", in(reg) &ours, options(nostack, readonly));
+                let saved = Config::stored();
+                Config::ours().load();
+                Tiles { saved }
             }
-            Tiles { saved }
         }
     }
 
     impl Drop for Tiles {
         fn drop(&mut self) {
-            // SAFETY: puts back what `sttilecfg` saved; an unconfigured thread (palette 0) has its
-            // tiles released instead.
-            unsafe {
-                if self.saved.palette == 0 {
-                    asm!("tilerelease", options(nostack, nomem));
-                } else {
-                    asm!("ldtilecfg [{}]", in(reg) &self.saved, options(nostack, readonly));
-                }
-            }
+            // SAFETY: puts back what `sttilecfg` saved (AMX ran when it was taken).
+            unsafe { self.saved.load() };
         }
     }
 
     /// Loads a raw 64-byte tile configuration (tests: another kernel's, or none).
     ///
     /// # Safety
-    /// AMX runs here and `config` is a valid configuration (palette 0 releases the tiles).
+    /// AMX runs here and `config` is a valid configuration.
     #[cfg(test)]
     pub(crate) unsafe fn load_config(config: &[u8; 64]) {
-        let aligned = Config { palette: config[0], start_row: config[1], reserved: [0; 14], colsb: std::array::from_fn(|i| u16::from_le_bytes([config[16 + 2 * i], config[17 + 2 * i]])), rows: std::array::from_fn(|i| config[48 + i]) };
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &aligned, options(nostack, readonly)) };
+        unsafe { Config(*config).load() };
     }
 
     /// The thread's tile configuration as `sttilecfg` stores it (zeros where it has none).
@@ -122,16 +142,7 @@ mod kernels {
     /// AMX runs here.
     #[cfg(test)]
     pub(crate) unsafe fn stored_config() -> [u8; 64] {
-        let mut c = Config { palette: 0, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
-        unsafe { asm!("sttilecfg [{}]", in(reg) &mut c, options(nostack)) };
-        let mut out = [0u8; 64];
-        out[0] = c.palette;
-        out[1] = c.start_row;
-        for (i, w) in c.colsb.iter().enumerate() {
-            out[16 + 2 * i..][..2].copy_from_slice(&w.to_le_bytes());
-        }
-        out[48..].copy_from_slice(&c.rows);
-        out
+        unsafe { Config::stored().0 }
     }
 
     /// Stores the int32 sums of tiles 0–3 at `c[0..4]`, rows `ldc` bytes apart.

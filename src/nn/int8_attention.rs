@@ -18,11 +18,12 @@ const ROWS: usize = 32;
 const KEYS: usize = 16;
 const DEPTH: usize = 64;
 
-/// The most keys whose int32 sums `Σ p v` (bytes ≤ 255 times ≤ 128 in magnitude) cannot overflow.
+/// The most terms an int32 sum here holds without overflow: `Σ p v` over the keys adds bytes ≤ 255
+/// times values ≤ 128 in magnitude (`q kᵀ` over the head width adds smaller products).
 const MAX_KEYS: usize = (i32::MAX as usize) / (255 * 128);
 
 /// Whether [`attention`] runs `q`, `k`, `v` here: f32 CPU tensors as [`super::fused_attention`]
-/// takes, a head width that is a multiple of 64, at most [`MAX_KEYS`] keys, and AMX.
+/// takes, a head width that is a multiple of 64, at most [`MAX_KEYS`] keys and channels, and AMX.
 pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     super::fused_attention::applies(q, k, v)
         && q.dim(3).is_ok_and(|d| d > 0 && d % DEPTH == 0 && d <= MAX_KEYS)
@@ -42,54 +43,24 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
     let (ks, kl) = k.storage_and_layout();
     let (vs, vl) = v.storage_and_layout();
     let (qv, kv, vv) = (view(&qs, ql)?, view(&ks, kl)?, view(&vs, vl)?);
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut out = vec![0f32; b * h * nq * d];
+    #[cfg(target_arch = "x86_64")]
     if nq > 0 {
         out.par_chunks_mut(nq * d).enumerate().for_each(|(bh, head_out)| {
             let (bi, hi) = (bh / h, bh % h);
-            let keys = Keys::pack(&kv, (bi, hi), nk, d);
-            let values = Values::pack(&vv, (bi, hi), nk, d);
+            // SAFETY (here and below): `applies` checked AMX, which comes with AVX-512F and BW.
+            let (keys, values) = unsafe { (Keys::pack(&kv, (bi, hi), nk, d), Values::pack(&vv, (bi, hi), nk, d)) };
             head_out.par_chunks_mut(ROWS * d).enumerate().for_each(|(block, o)| {
                 let q_rows = |r: usize| &qv.from_row(bi, hi, block * ROWS + r)[..d];
-                // SAFETY: `applies` checked AMX and AVX-512BW.
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    attend_block(q_rows, o.len() / d, &keys, &values, scale, o)
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = (q_rows, o, &keys, &values, scale);
+                unsafe { attend_block(q_rows, o.len() / d, &keys, &values, scale, o) };
             });
         });
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (qv, kv, vv, nk, scale);
     drop((qs, ks, vs));
     Ok(Tensor::from_vec(out, (b, h, nq, d), q.device())?)
-}
-
-/// Rounds `x` to `round(x / s)` bytes with `s = max|x| / 127` and returns `s` (NaN where `x` holds a
-/// non-finite value, 0 for a zero row).
-fn round_row(x: &[f32], dst: &mut [i8]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if super::amx::available() && x.len() % 16 == 0 {
-        // SAFETY: AVX-512F and BW run here (`amx::available`).
-        return unsafe { simd::round_row(x, dst) };
-    }
-    let max = x.iter().fold(0f32, |m, v| if v.abs() > m || v.is_nan() { v.abs() } else { m });
-    let inv = if max > 0.0 { 127.0 / max } else { 0.0 };
-    for (d, v) in dst.iter_mut().zip(x) {
-        *d = (v * inv).round_ties_even() as i8;
-    }
-    if max.is_finite() { max / 127.0 } else { f32::NAN }
-}
-
-/// Rounds `x · inv` to bytes, value by value.
-fn round_by(x: &[f32], inv: &[f32], dst: &mut [i8]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::amx::available() && x.len() % 16 == 0 {
-        // SAFETY: AVX-512F runs here (`amx::available`).
-        return unsafe { simd::round_by(x, inv, dst) };
-    }
-    for ((q, x), s) in dst.iter_mut().zip(x).zip(inv) {
-        *q = (x * s).round_ties_even() as i8;
-    }
 }
 
 /// One head's keys rounded per key and packed as `q kᵀ`'s right-hand tiles.
@@ -102,15 +73,20 @@ struct Keys {
     n: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Keys {
-    fn pack(k: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Keys {
+    /// Rounds and packs keys `0 .. n` (width `d`, a multiple of 64) of head `h` of item `b`.
+    ///
+    /// # Safety
+    /// AVX-512F runs here.
+    unsafe fn pack(k: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Keys {
         let padded = n.next_multiple_of(2 * KEYS);
         let steps = d / DEPTH;
         let mut tiles = vec![0i8; padded * d];
         let mut scale = vec![0f32; padded];
         let mut row = vec![0i8; d];
         for j in 0..n {
-            scale[j] = round_row(&k.from_row(b, h, j)[..d], &mut row);
+            scale[j] = unsafe { simd::round_row(&k.from_row(b, h, j)[..d], &mut row) };
             // Each 4 bytes of the key go whole to their tile row (64 bytes apart).
             let (tile, col) = (j / KEYS, j % KEYS);
             for (quad, x) in row.chunks_exact(4).enumerate() {
@@ -130,8 +106,13 @@ struct Values {
     scale: Vec<f32>,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Values {
-    fn pack(v: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Values {
+    /// Rounds and packs values `0 .. n` (width `d`, a multiple of 64) of head `h` of item `b`.
+    ///
+    /// # Safety
+    /// AVX-512F runs here.
+    unsafe fn pack(v: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Values {
         let padded = n.next_multiple_of(DEPTH);
         let groups = d / 16;
         let mut max = vec![0f32; d];
@@ -149,7 +130,7 @@ impl Values {
         for j0 in (0..n).step_by(4) {
             quad.fill(0);
             for (t, dst) in quad.chunks_exact_mut(d).enumerate().take(n - j0) {
-                round_by(&v.from_row(b, h, j0 + t)[..d], &inv, dst);
+                unsafe { simd::round_by(&v.from_row(b, h, j0 + t)[..d], &inv, dst) };
             }
             let (step, r) = (j0 / DEPTH, (j0 % DEPTH) / 4);
             for g in 0..groups {
@@ -190,7 +171,7 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, key
     let mut q8 = vec![0i8; ROWS * d];
     let mut q_scale = [0f32; ROWS];
     for r in 0..rows {
-        q_scale[r] = round_row(q_rows(r), &mut q8[r * d..][..d]) * scale;
+        q_scale[r] = simd::round_row(q_rows(r), &mut q8[r * d..][..d]) * scale;
     }
     with_scratch(&SCORES, |scores| {
         with_scratch(&PROBS, |probs| {
@@ -253,7 +234,8 @@ mod simd {
         ((1u32 << n) - 1) as __mmask16
     }
 
-    /// [`super::round_row`] for rows of a multiple of 16 values.
+    /// Rounds `x` (a multiple of 16 values) to bytes `round(x / s)` with `s = max|x| / 127` and
+    /// returns `s` (NaN where `x` holds a non-finite value, 0 for a zero row).
     ///
     /// # Safety
     /// AVX-512F runs here; `dst` is as long as `x`.
@@ -274,7 +256,7 @@ mod simd {
         if bad != 0 || !max.is_finite() { f32::NAN } else { max / 127.0 }
     }
 
-    /// [`super::round_by`] for rows of a multiple of 16 values.
+    /// Rounds `x · inv` (a multiple of 16 values) to bytes, value by value.
     ///
     /// # Safety
     /// AVX-512F runs here; `inv` and `dst` are as long as `x`.
