@@ -51,6 +51,23 @@ impl Conv2d {
         self.inner.forward(x)
     }
 
+    /// The conv of tokens `[B, h·w, C]` of an `h × w` map: tokens `[B, OH·OW, O]` and `(OH, OW)`. f32
+    /// on the CPU outside autograd by [`super::conv_nhwc`] (no transposes); elsewhere through NCHW.
+    pub fn forward_tokens(&self, x: &Tensor, (h, w): (usize, usize)) -> Result<(Tensor, (usize, usize))> {
+        let cfg = self.config();
+        let (kh, kw) = self.weight().dims4().map(|(_, _, kh, kw)| (kh, kw))?;
+        if cfg.groups == 1 && cfg.dilation == 1 {
+            let window = super::conv_nhwc::Window { kernel: (kh, kw), stride: cfg.stride, pad: cfg.padding };
+            if let Some(y) = super::conv_nhwc::conv2d(x, (h, w), self.weight(), self.bias(), window)? {
+                return Ok(y);
+            }
+        }
+        let (b, _, c) = x.dims3()?;
+        let y = self.forward(&super::cpu_slice::transpose_last_two(x)?.reshape((b, c, h, w))?)?;
+        let (_, _, oh, ow) = y.dims4()?;
+        Ok((super::cpu_slice::transpose_last_two(&y.flatten_from(2)?)?, (oh, ow)))
+    }
+
     /// `conv(relu(x)) (+ residual)`: on a CPU with AVX-512, a 3×3 "same" conv takes the ReLU as
     /// it reads `x` and adds the residual as it writes (no passes of their own); elsewhere, and
     /// while autograd records, the separate ops.

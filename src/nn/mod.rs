@@ -4,6 +4,7 @@ pub mod amx;
 pub mod attention;
 pub mod bilinear_cpu;
 pub mod conv;
+pub mod conv_nhwc;
 pub mod conv_transpose;
 pub mod cpu_slice;
 pub mod dinov2;

@@ -22,6 +22,7 @@ use serde::Deserialize;
 
 use crate::config_check::{Section, MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_LEVELS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
+use crate::profile::Span;
 use crate::models::{Model, NamedTensors};
 use crate::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
 use crate::nn::layers::{conv2d, layer_norm};
@@ -274,11 +275,10 @@ impl PatchEmbed {
         Ok(PatchEmbed { proj: conv2d(&vb.pp("proj"), in_c, out_c, k, cfg, true)?, norm: ln(&vb.pp("layer_norm"), out_c)? })
     }
 
-    /// NCHW → (tokens `[B, h·w, C]`, h, w).
-    fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, usize, usize)> {
-        let y = self.proj.forward(x)?;
-        let (_, _, h, w) = y.dims4()?;
-        Ok((crate::nn::grad::layer_norm(&self.norm, &nchw_to_tokens(&y)?)?, h, w))
+    /// Tokens `[B, h·w, C]` of an `h × w` map → (tokens `[B, h'·w', C']`, h', w').
+    fn forward(&self, x: &Tensor, hw: (usize, usize)) -> candle_core::Result<(Tensor, usize, usize)> {
+        let (y, (h, w)) = self.proj.forward_tokens(x, hw)?;
+        Ok((crate::nn::grad::layer_norm(&self.norm, &y)?, h, w))
     }
 }
 
@@ -325,7 +325,8 @@ impl Attention {
         let q = self.heads(&self.query.forward(x)?)?;
         let kv = match &self.sr {
             Some((conv, norm)) => {
-                crate::nn::grad::layer_norm(norm, &nchw_to_tokens(&conv.forward(&tokens_to_nchw(x, h, w)?)?)?)?
+                let (a, _) = conv.forward_tokens(x, (h, w))?;
+                crate::nn::grad::layer_norm(norm, &a)?
             }
             None => x.clone(),
         };
@@ -412,7 +413,10 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
+        let span = Span::new("segformer.attention");
         let x = (x + self.attn.forward(&crate::nn::grad::layer_norm(&self.norm1, x)?, h, w)?)?;
+        drop(span);
+        let _span = Span::new("segformer.mix_ffn");
         &x + self.mlp.forward(&crate::nn::grad::layer_norm(&self.norm2, &x)?, h, w)?
     }
 }
@@ -442,9 +446,9 @@ struct FoldedHead {
     stage: Vec<Linear>,
     /// `BN bias + Σ_s linear_fuse[:, block(s)] · proj_s.bias` `[D]` (f32).
     bias: Vec<f32>,
-    /// Classifier `[L, D]` and bias `[L, 1]`.
-    cls_w: Tensor,
-    cls_b: Tensor,
+    /// Classifier `[L, D]` (row-major) and bias `[L]`.
+    cls_w: Vec<f32>,
+    cls_b: Vec<f32>,
 }
 
 /// `linear_fuse` and an eval-mode BatchNorm kept apart, for training: the conv weight and the
@@ -539,8 +543,8 @@ impl DecodeHead {
             Some(FoldedHead {
                 stage,
                 bias: bias.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-                cls_w: cls.get((labels, d, 1, 1), "weight")?.reshape((labels, d))?,
-                cls_b: cls.get(labels, "bias")?.reshape((labels, 1))?,
+                cls_w: cls.get((labels, d, 1, 1), "weight")?.flatten_all()?.to_vec1::<f32>()?,
+                cls_b: cls.get(labels, "bias")?.to_vec1::<f32>()?,
             })
         } else {
             None
@@ -573,24 +577,57 @@ impl DecodeHead {
         let (b, _, _) = feats[0].0.dims3()?;
         let (_, h0, w0) = feats[0];
         let d = f.bias.len();
-        let ys = feats
+        let maps = feats
             .iter()
             .zip(&f.stage)
-            .map(|((t, h, w), lin)| Ok((lin.forward(t)?.contiguous()?.flatten_all()?.to_vec1::<f32>()?, *h, *w)))
+            .map(|((t, h, w), lin)| Ok((lin.forward(t)?.contiguous()?, *h, *w)))
             .collect::<candle_core::Result<Vec<_>>>()?;
-        let fused = upsample_sum_relu(&ys, b, d, h0, w0, &f.bias);
-        let x = Tensor::from_vec(fused, (b, h0 * w0, d), feats[0].0.device())?;
-        let labels = f.cls_w.dim(0)?;
-        let logits = (0..b)
-            .map(|i| f.cls_w.matmul(&x.get(i)?.t()?)?.broadcast_add(&f.cls_b))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        Tensor::stack(&logits, 0)?.reshape((b, labels, h0, w0))
+        let held: Vec<_> = maps.iter().map(|(t, _, _)| t.storage_and_layout()).collect();
+        let mut planes = Vec::with_capacity(maps.len());
+        for ((storage, layout), (_, h, w)) in held.iter().zip(&maps) {
+            let candle_core::Storage::Cpu(candle_core::CpuStorage::F32(data)) = &**storage else {
+                candle_core::bail!("segformer: the folded decode head runs on f32 CPU tensors");
+            };
+            planes.push((&data[layout.start_offset()..][..b * h * w * d], *h, *w));
+        }
+        let fused = upsample_sum_relu(&planes, b, d, h0, w0, &f.bias);
+        drop(held);
+        let logits = classify(&fused, b, d, &f.cls_w, &f.cls_b);
+        Tensor::from_vec(logits, (b, f.cls_b.len(), h0, w0), feats[0].0.device())
     }
 }
 
+/// The 1×1 classifier on channels-last features `x [B, P, D]`: logits `[B, L, P]` (NCHW) =
+/// `weight [L, D] · xᵀ + bias`, one GEMM per image straight into its planes.
+fn classify(x: &[f32], b: usize, d: usize, weight: &[f32], bias: &[f32]) -> Vec<f32> {
+    let labels = bias.len();
+    let pixels = x.len() / (b * d).max(1);
+    let mut logits = vec![0f32; b * labels * pixels];
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
+    for (img, out) in x.chunks_exact(pixels * d).zip(logits.chunks_exact_mut(labels * pixels)) {
+        for (plane, &v) in out.chunks_exact_mut(pixels).zip(bias) {
+            plane.fill(v);
+        }
+        // SAFETY: dst is this image's `L × P` planes (row stride P); lhs the `L × D` weight; rhs
+        // `xᵀ` (`D × P`, element (c, p) at p·D + c) inside this image's features.
+        unsafe {
+            gemm::gemm(
+                labels, pixels, d,
+                out.as_mut_ptr(), 1, pixels as isize, true,
+                weight.as_ptr(), 1, d as isize,
+                img.as_ptr(), d as isize, 1,
+                1.0, 1.0, false, false, false, par,
+            );
+        }
+    }
+    logits
+}
+
 /// `relu(bias + Σ_s bilinear_{align_corners=False}(y_s → h0×w0))` for channels-last stage maps
-/// `y_s [B, h_s·w_s, D]`; returns `[B, h0·w0, D]`. Parallel over output rows.
-fn upsample_sum_relu(ys: &[(Vec<f32>, usize, usize)], b: usize, d: usize, h0: usize, w0: usize, bias: &[f32]) -> Vec<f32> {
+/// `y_s [B, h_s·w_s, D]`; returns `[B, h0·w0, D]`. Parallel over output rows; a map already at
+/// `h0 × w0` is added as it is.
+fn upsample_sum_relu(ys: &[(&[f32], usize, usize)], b: usize, d: usize, h0: usize, w0: usize, bias: &[f32]) -> Vec<f32> {
     use rayon::prelude::*;
     let taps: Vec<_> = ys.iter().map(|(_, h, w)| (pipeline::axis_taps(*h, h0), pipeline::axis_taps(*w, w0))).collect();
     let row = w0 * d;
@@ -603,6 +640,10 @@ fn upsample_sum_relu(ys: &[(Vec<f32>, usize, usize)], b: usize, d: usize, h0: us
         for ((y, h, w), (rt, ct)) in ys.iter().zip(&taps) {
             let (h, w) = (*h, *w);
             let plane = &y[bi * h * w * d..][..h * w * d];
+            if (h, w) == (h0, w0) {
+                orow.iter_mut().zip(&plane[oy * row..][..row]).for_each(|(o, v)| *o += v);
+                continue;
+            }
             let (y0, y1, ly1) = rt[oy];
             let ly0 = 1.0 - ly1;
             for (ox, o) in orow.chunks_exact_mut(d).enumerate() {
@@ -718,37 +759,39 @@ impl SegformerForSemanticSegmentation {
 
     /// Logits `[B, num_labels, h_0, w_0]` (h_0 = stage-0 height, H/4 for the standard configs).
     pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
-        Ok(self.forward_with_hidden(pixel_values)?.0)
+        self.decode(&self.encode(pixel_values)?)
     }
 
     /// Logits and the encoder stage outputs (after each stage LayerNorm, NCHW), as the reference's
     /// `hidden_states`.
     pub fn forward_with_hidden(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
         let feats = self.encode(pixel_values)?;
-        let logits = self.head.forward(&feats)?;
+        let logits = self.decode(&feats)?;
         let hidden = feats.iter().map(|(t, h, w)| tokens_to_nchw(t, *h, *w)).collect::<candle_core::Result<Vec<_>>>()?;
         Ok((logits, hidden))
     }
 
     /// The decode head on encoder features ([`Self::encode`]) → logits `[B, num_labels, h_0, w_0]`.
     pub fn decode(&self, feats: &[(Tensor, usize, usize)]) -> Result<Tensor> {
+        let _span = Span::new("segformer.decode_head");
         Ok(self.head.forward(feats)?)
     }
 
     /// Per stage: (tokens `[B, h·w, C]` after the stage LayerNorm, h, w).
     pub fn encode(&self, pixel_values: &Tensor) -> Result<Vec<(Tensor, usize, usize)>> {
-        let mut x = self.check_input(pixel_values)?;
+        let x = self.check_input(pixel_values)?;
+        let (_, _, h, w) = x.dims4()?;
+        let mut x = (nchw_to_tokens(&x)?, h, w);
         let mut feats = Vec::with_capacity(self.stages.len());
-        for (s, st) in self.stages.iter().enumerate() {
-            let (mut t, h, w) = st.embed.forward(&x)?;
+        for st in &self.stages {
+            let span = Span::new("segformer.patch_embed");
+            let (mut t, h, w) = st.embed.forward(&x.0, (x.1, x.2))?;
+            drop(span);
             for b in &st.blocks {
                 t = b.forward(&t, h, w)?;
             }
-            let t = crate::nn::grad::layer_norm(&st.norm, &t)?;
-            if s + 1 < self.stages.len() {
-                x = tokens_to_nchw(&t, h, w)?;
-            }
-            feats.push((t, h, w));
+            x = (crate::nn::grad::layer_norm(&st.norm, &t)?, h, w);
+            feats.push(x.clone());
         }
         Ok(feats)
     }
