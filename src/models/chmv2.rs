@@ -254,7 +254,7 @@ impl ConvDepth {
         let x = self.conv0.forward(x)?;
         let (_, _, h, w) = x.dims4()?;
         let x = bilinear(&x, 2 * h, 2 * w, true)?;
-        let x = self.conv2.forward(&x)?.relu()?;
+        let x = self.conv2.forward_relu(&x)?;
         Ok(self.conv4.forward(&x)?)
     }
 }

@@ -360,7 +360,7 @@ impl OutBranch {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.proj.forward(&self.conv.forward(x)?.relu()?)?)
+        Ok(self.proj.forward(&self.conv.forward_relu(x)?)?)
     }
 }
 

@@ -214,7 +214,7 @@ impl DepthAnything {
         let x = &fused[self.head_in];
         let x = self.head.conv1.forward(x)?;
         let x = bilinear(&x, ph * self.patch, pw * self.patch, true)?;
-        let x = self.head.conv3.forward(&self.head.conv2.forward(&x)?.relu()?)?;
+        let x = self.head.conv3.forward(&self.head.conv2.forward_relu(&x)?)?;
         let x = match self.head.kind {
             DepthKind::Relative => x.relu()?,
             DepthKind::Metric => candle_nn::ops::sigmoid(&x)?,

@@ -68,11 +68,20 @@ impl Conv2d {
         Ok((super::cpu_slice::transpose_last_two(&y.flatten_from(2)?)?, (oh, ow)))
     }
 
+    /// `relu(conv(x))`: on a CPU with AVX-512 a 3×3 "same" conv applies the ReLU as it writes
+    /// (no pass over the map of its own); elsewhere, and while autograd records, the two ops.
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        if let Some(y) = self.winograd_fused(x, false, None, true)? {
+            return Ok(y);
+        }
+        self.forward(x)?.relu()
+    }
+
     /// `conv(relu(x)) (+ residual)`: on a CPU with AVX-512, a 3×3 "same" conv takes the ReLU as
     /// it reads `x` and adds the residual as it writes (no passes of their own); elsewhere, and
     /// while autograd records, the separate ops.
     pub fn forward_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
-        if let Some(y) = self.winograd_pre_relu(x, residual)? {
+        if let Some(y) = self.winograd_fused(x, true, residual, false)? {
             return Ok(y);
         }
         let y = self.forward(&x.relu()?)?;
@@ -82,8 +91,9 @@ impl Conv2d {
         }
     }
 
-    /// [`Self::forward_pre_relu`] by the fused Winograd kernel; `None` where it does not apply.
-    fn winograd_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+    /// [`Self::forward_pre_relu`] and [`Self::forward_relu`] by the fused Winograd kernel; `None`
+    /// where it does not apply.
+    fn winograd_fused(&self, x: &Tensor, relu_input: bool, residual: Option<&Tensor>, relu_output: bool) -> Result<Option<Tensor>> {
         let cfg = self.config();
         let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records) || residual.is_some_and(super::grad::records);
         let (_, _, kh, kw) = self.weight().dims4()?;
@@ -91,7 +101,7 @@ impl Conv2d {
             return Ok(None);
         }
         let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
-        winograd(x, self.weight(), bias.as_deref(), true, residual)
+        winograd(x, self.weight(), bias.as_deref(), (relu_input, relu_output), residual)
     }
 
     fn fast_path_applies(&self, x: &Tensor) -> bool {
@@ -127,9 +137,9 @@ impl Module for Conv2d {
 }
 
 /// A 3×3, stride-1, padding-1 conv of `x` by [`super::winograd`] (AVX-512), of `relu(x)` with
-/// `relu_input`, plus `residual`; `None` where the kernel does not run or the residual is not an
+/// `relu_input`, plus `residual`, its output through a ReLU with `relu_output`; `None` where the kernel does not run or the residual is not an
 /// f32 CPU tensor of the output's shape.
-fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, relu_input: bool, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, (relu_input, relu_output): (bool, bool), residual: Option<&Tensor>) -> Result<Option<Tensor>> {
     use super::cpu_slice::with_contiguous;
     let ((b, c, h, wd), o) = (x.dims4()?, w.dim(0)?);
     if residual.is_some_and(|r| r.dtype() != DType::F32 || !r.device().is_cpu() || r.dims() != [b, o, h, wd]) {
@@ -137,7 +147,7 @@ fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, relu_input: bool, resi
     }
     let out = with_contiguous(x, |xs: &[f32]| -> Result<Option<Vec<f32>>> {
         let run = |residual: Option<&[f32]>| -> Result<Option<Vec<f32>>> {
-            let fused = super::winograd::Fused { relu_input, residual };
+            let fused = super::winograd::Fused { relu_input, residual, relu_output };
             Ok(with_contiguous(w, |ws: &[f32]| super::winograd::conv3x3(b, c, h, wd, o, xs, ws, bias, fused))?.flatten())
         };
         match residual {
@@ -169,7 +179,7 @@ fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usi
     // 3×3 "same" convs by Winograd F(2×2, 3×3) where the CPU has AVX-512 (DPT convs 1.4–1.7× the
     // direct kernel), the others by the direct kernel.
     if (kh, kw, pad) == (3, 3, 1) && super::winograd::available() {
-        return winograd(x, w, bias.as_deref(), false, None);
+        return winograd(x, w, bias.as_deref(), (false, false), None);
     }
     let out = with_contiguous(w, |weight: &[f32]| with_contiguous(x, |xs: &[f32]| direct_conv::conv2d(&s, xs, weight, bias.as_deref())))?
     .transpose()?
@@ -298,6 +308,27 @@ mod tests {
             let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
             assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} {h}×{w}: {err}");
         }
+    }
+
+    /// `forward_relu` is `relu(forward)`: bit for bit for 3×3 "same" convs (the Winograd kernel
+    /// applies the ReLU as it stores what `forward` stores), and for the other shapes; with a
+    /// recorded weight the gradient reaches it through the separate ReLU.
+    #[test]
+    fn forward_relu_is_the_relu_of_forward() {
+        let dev = Device::Cpu;
+        for (k, pad) in [(3, 1), (3, 0), (1, 0)] {
+            let x = Tensor::randn(0f32, 1.0, (2, 6, 19, 37), &dev).unwrap();
+            let conv = Conv2d::new(Tensor::randn(0f32, 1.0, (5, 6, k, k), &dev).unwrap(), Some(Tensor::randn(0f32, 1.0, 5, &dev).unwrap()), Conv2dConfig { padding: pad, ..Default::default() });
+            let (got, want) = (conv.forward_relu(&x).unwrap(), conv.forward(&x).unwrap().relu().unwrap());
+            let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            assert_eq!(flat(&got), flat(&want), "{k}×{k} pad {pad}");
+            assert!(flat(&got).iter().any(|&v| v == 0.0) && flat(&got).iter().any(|&v| v > 0.0));
+        }
+        let w = candle_core::Var::randn(0f32, 1.0, (3, 2, 3, 3), &dev).unwrap();
+        let conv = Conv2d::new(w.as_tensor().clone(), None, Conv2dConfig { padding: 1, ..Default::default() });
+        let x = Tensor::randn(0f32, 1.0, (1, 2, 5, 5), &dev).unwrap();
+        let grads = conv.forward_relu(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        assert!(grads.get(w.as_tensor()).is_some(), "the weight's gradient is recorded");
     }
 
     /// The image-to-columns GEMM itself (the path of CPUs without AVX2, of 1×1 and of long

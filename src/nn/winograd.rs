@@ -70,6 +70,9 @@ pub struct Fused<'a> {
     pub relu_input: bool,
     /// `[b, o, h, w]` added to the output (after the bias, as a separate add would).
     pub residual: Option<&'a [f32]>,
+    /// A ReLU of the output as it is written (after the bias and the residual): the heads'
+    /// `relu(conv(x))` without a pass over the map of its own.
+    pub relu_output: bool,
 }
 
 /// `x` `[b, c, h, w]` (row-major) convolved with `weight` `[o, c, 3, 3]` plus `bias` `[o]`, zero
@@ -113,6 +116,7 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
                     t0: block * TILES,
                     out: dst.at(img * o * h * w),
                     relu_input: fused.relu_input,
+                    relu_output: fused.relu_output,
                     residual: fused.residual.map(|r| &r[img * o * h * w..][..o * h * w]),
                 };
                 let vectors = (tw - task.t0).min(TILES).div_ceil(16);
@@ -164,6 +168,7 @@ struct Task<'a> {
     /// The image's output `[o, h, w]`.
     out: *mut f32,
     relu_input: bool,
+    relu_output: bool,
     /// The image's residual `[o, h, w]`.
     residual: Option<&'a [f32]>,
 }
@@ -302,6 +307,9 @@ impl Task<'_> {
                             let at = (co * self.h + y) * self.w + px;
                             pixels = _mm512_add_ps(pixels, _mm512_maskz_loadu_ps(keep, r.as_ptr().add(at)));
                         }
+                        if self.relu_output {
+                            pixels = _mm512_max_ps(pixels, _mm512_setzero_ps());
+                        }
                         _mm512_mask_storeu_ps(row.add(16 * half), keep, pixels);
                     }
                 }
@@ -362,9 +370,14 @@ mod tests {
         let (xs, ws) = (flat(&x), flat(&wt));
         let plain = |input: &[f32]| conv3x3(b, c, h, w, c, input, &ws, Some(&bias), Fused::default()).unwrap();
         let relu_x = flat(&x.relu().unwrap());
-        let fused = conv3x3(b, c, h, w, c, &xs, &ws, Some(&bias), Fused { relu_input: true, residual: Some(&xs) }).unwrap();
+        let fused = conv3x3(b, c, h, w, c, &xs, &ws, Some(&bias), Fused { relu_input: true, residual: Some(&xs), relu_output: false }).unwrap();
         let separate: Vec<f32> = plain(&relu_x).iter().zip(&xs).map(|(y, r)| y + r).collect();
         assert_eq!(fused, separate);
+        // The output ReLU after the residual: max(y + r, 0), element for element.
+        let all = conv3x3(b, c, h, w, c, &xs, &ws, Some(&bias), Fused { relu_input: true, residual: Some(&xs), relu_output: true }).unwrap();
+        let want: Vec<f32> = separate.iter().map(|&v| if v > 0.0 { v } else { 0.0 }).collect();
+        assert_eq!(all, want);
+        assert!(want.iter().any(|&v| v == 0.0) && want.iter().any(|&v| v > 0.0), "the test needs both signs");
     }
 
     #[test]
@@ -373,6 +386,6 @@ mod tests {
         assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 3], &[0.0; 9], None, none).is_none());
         assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 8], None, none).is_none());
         assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], Some(&[0.0; 2]), none).is_none());
-        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], None, Fused { relu_input: false, residual: Some(&[0.0; 3]) }).is_none());
+        assert!(conv3x3(1, 1, 2, 2, 1, &[0.0; 4], &[0.0; 9], None, Fused { relu_input: false, residual: Some(&[0.0; 3]), relu_output: false }).is_none());
     }
 }
