@@ -15,7 +15,6 @@ use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEP
 use crate::error::{Error, Result};
 use crate::nn::dinov3::{Dinov3, Dinov3Config, Dinov3Features};
 use crate::nn::dpt::{same3x3, FusionResize, FusionStage, ReassembleLayer};
-use crate::nn::interpolate::bilinear;
 use crate::nn::layers::conv2d;
 use crate::nn::linear::Linear;
 use crate::weights::Vb;
@@ -253,8 +252,7 @@ impl ConvDepth {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = self.conv0.forward(x)?;
         let (_, _, h, w) = x.dims4()?;
-        let x = bilinear(&x, 2 * h, 2 * w, true)?;
-        let x = self.conv2.forward_relu(&x)?;
+        let x = self.conv2.forward_upsampled(&x, (2 * h, 2 * w), true, true)?;
         Ok(self.conv4.forward(&x)?)
     }
 }

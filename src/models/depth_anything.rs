@@ -8,7 +8,6 @@ use crate::config_check::{check_reassemble_factor, Section, MAX_DEPTH_VALUE, MAX
 use crate::error::{Error, Result};
 use crate::nn::dinov2::{Dinov2, Dinov2Config, PosEmbedResize};
 use crate::nn::dpt::{same3x3, tokens_to_grid, FusionStage, ReassembleLayer};
-use crate::nn::interpolate::bilinear;
 use crate::nn::layers::conv2d;
 use crate::profile::Span;
 use crate::weights::Vb;
@@ -213,8 +212,8 @@ impl DepthAnything {
         let _span = Span::new("da2.head");
         let x = &fused[self.head_in];
         let x = self.head.conv1.forward(x)?;
-        let x = bilinear(&x, ph * self.patch, pw * self.patch, true)?;
-        let x = self.head.conv3.forward(&self.head.conv2.forward_relu(&x)?)?;
+        let x = self.head.conv2.forward_upsampled(&x, (ph * self.patch, pw * self.patch), true, true)?;
+        let x = self.head.conv3.forward(&x)?;
         let x = match self.head.kind {
             DepthKind::Relative => x.relu()?,
             DepthKind::Metric => candle_nn::ops::sigmoid(&x)?,

@@ -77,6 +77,39 @@ impl Conv2d {
         self.forward(x)?.relu()
     }
 
+    /// `conv(bilinear(x → oh × ow))`, through a ReLU with `relu`: on a CPU with AVX-512 a 3×3
+    /// "same" conv interpolates its input rows as it reads them (the upsampled map is never
+    /// stored; the same values bit for bit); elsewhere, and while autograd records, the resize
+    /// ([`super::interpolate::bilinear`], with its size checks) and the conv apart.
+    pub fn forward_upsampled(&self, x: &Tensor, (oh, ow): (usize, usize), align_corners: bool, relu: bool) -> Result<Tensor> {
+        if let Some(y) = self.winograd_upsampled(x, (oh, ow), align_corners, relu)? {
+            return Ok(y);
+        }
+        let up = super::interpolate::bilinear(x, oh, ow, align_corners).map_err(candle_core::Error::wrap)?;
+        if relu { self.forward_relu(&up) } else { self.forward(&up) }
+    }
+
+    /// [`Self::forward_upsampled`] by the Winograd kernel; `None` where it does not apply.
+    fn winograd_upsampled(&self, x: &Tensor, (oh, ow): (usize, usize), align_corners: bool, relu: bool) -> Result<Option<Tensor>> {
+        use super::cpu_slice::with_contiguous;
+        let cfg = self.config();
+        let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records);
+        let ((b, c, h, w), (o, _, kh, kw)) = (x.dims4()?, self.weight().dims4()?);
+        if records || !self.fast_path_applies(x) || (kh, kw, cfg.padding, cfg.stride) != (3, 3, 1, 1) || !super::winograd::available() {
+            return Ok(None);
+        }
+        super::interpolate::check_bilinear(x, oh, ow).map_err(candle_core::Error::wrap)?;
+        let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
+        let fused = super::winograd::Fused { relu_output: relu, ..Default::default() };
+        let out = with_contiguous(x, |xs: &[f32]| {
+            with_contiguous(self.weight(), |ws: &[f32]| super::winograd::conv3x3_upsampled(b, c, (h, w), (oh, ow), align_corners, o, xs, ws, bias.as_deref(), fused))
+        })?
+        .transpose()?
+        .flatten()
+        .flatten();
+        out.map(|v| Tensor::from_vec(v, (b, o, oh, ow), x.device())).transpose()
+    }
+
     /// `conv(relu(x)) (+ residual)`: on a CPU with AVX-512, a 3×3 "same" conv takes the ReLU as
     /// it reads `x` and adds the residual as it writes (no passes of their own); elsewhere, and
     /// while autograd records, the separate ops.
@@ -329,6 +362,26 @@ mod tests {
         let x = Tensor::randn(0f32, 1.0, (1, 2, 5, 5), &dev).unwrap();
         let grads = conv.forward_relu(&x).unwrap().sum_all().unwrap().backward().unwrap();
         assert!(grads.get(w.as_tensor()).is_some(), "the weight's gradient is recorded");
+    }
+
+    /// `forward_upsampled` is the conv of the resized map, bit for bit, with and without the ReLU,
+    /// for 3×3 "same" convs (fused where the CPU has AVX-512) and others (apart); a size out of
+    /// range is the resize's error.
+    #[test]
+    fn forward_upsampled_is_the_conv_of_the_resized_map() {
+        let dev = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (1, 4, 13, 21), &dev).unwrap();
+        for (k, pad) in [(3, 1), (1, 0)] {
+            let conv = Conv2d::new(Tensor::randn(0f32, 1.0, (3, 4, k, k), &dev).unwrap(), Some(Tensor::randn(0f32, 1.0, 3, &dev).unwrap()), Conv2dConfig { padding: pad, ..Default::default() });
+            for (relu, align) in [(false, true), (true, true), (true, false)] {
+                let up = crate::nn::interpolate::bilinear(&x, 26, 50, align).unwrap();
+                let want = if relu { conv.forward(&up).unwrap().relu().unwrap() } else { conv.forward(&up).unwrap() };
+                let got = conv.forward_upsampled(&x, (26, 50), align, relu).unwrap();
+                let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                assert_eq!(flat(&got), flat(&want), "{k}×{k} relu {relu} align {align}");
+            }
+            assert!(conv.forward_upsampled(&x, (0, 50), true, false).is_err());
+        }
     }
 
     /// The image-to-columns GEMM itself (the path of CPUs without AVX2, of 1×1 and of long

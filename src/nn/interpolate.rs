@@ -94,14 +94,21 @@ pub fn bicubic(x: &Tensor, r: Resize) -> Result<Tensor> {
 
 /// Bilinear resize to `(oh, ow)` with PyTorch's `align_corners` semantics.
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
+    let (_, _, h, w) = x.dims4()?;
     if (h, w) == (oh, ow) {
         return Ok(x.clone());
     }
+    check_bilinear(x, oh, ow)?;
+    Ok(super::grad::bilinear(x, oh, ow, align_corners)?)
+}
+
+/// The checks of [`bilinear`]: both sizes in range, the output's element count representable.
+pub(crate) fn check_bilinear(x: &Tensor, oh: usize, ow: usize) -> Result<()> {
+    let (b, c, h, w) = x.dims4()?;
     check_axis(h, oh)?;
     check_axis(w, ow)?;
-    (b * c).checked_mul(oh * ow).ok_or_else(|| Error::Input(format!("bilinear resize of {:?} to {oh}×{ow} overflows", x.dims())))?;
-    Ok(super::grad::bilinear(x, oh, ow, align_corners)?)
+    (b * c).checked_mul(oh).and_then(|v| v.checked_mul(ow)).ok_or_else(|| Error::Input(format!("bilinear resize of {:?} to {oh}×{ow} overflows", x.dims())))?;
+    Ok(())
 }
 
 /// Bicubic resize (PyTorch semantics, align_corners=False, by size) of one row-major `h`×`w` map on

@@ -80,12 +80,58 @@ pub struct Fused<'a> {
 /// without AVX-512F or when a length disagrees with the shape.
 #[allow(clippy::too_many_arguments)]
 pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
+    if x.len() != b.checked_mul(c)?.checked_mul(h)?.checked_mul(w)? {
+        return None;
+    }
+    convolve(b, c, h, w, o, Input::Map(x), weight, bias, fused)
+}
+
+/// [`conv3x3`] of the bilinear upsampling of `src` `[b, c, sh, sw]` to `h × w` (PyTorch's
+/// `align_corners` semantics), interpolated as the conv reads its rows: the upsampled map is never
+/// stored (DA-V2-Small's head: 34 MB written and read back). The values are those of
+/// [`super::bilinear_cpu::bilinear`] then [`conv3x3`], bit for bit. `None` where [`conv3x3`] would
+/// be, for a resize that shrinks past [`super::bilinear_cpu::RowPlan`]'s window, or when `src`'s
+/// length disagrees with the shape.
+#[allow(clippy::too_many_arguments)]
+pub fn conv3x3_upsampled(b: usize, c: usize, (sh, sw): (usize, usize), (h, w): (usize, usize), align_corners: bool, o: usize, src: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
+    use super::bilinear_cpu::{taps, RowPlan};
+    if sh == 0 || sw == 0 || h == 0 || w == 0 || src.len() != b.checked_mul(c)?.checked_mul(sh)?.checked_mul(sw)? {
+        return None;
+    }
+    let cols = RowPlan::new(&taps(sw, w, align_corners), sw)?;
+    let rows = taps(sh, h, align_corners);
+    convolve(b, c, h, w, o, Input::Upsampled { src, sh, sw, rows: &rows, cols: &cols }, weight, bias, fused)
+}
+
+/// Where the conv's input rows come from.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+enum Input<'a> {
+    /// The map itself, `[b, c, h, w]`.
+    Map(&'a [f32]),
+    /// The upsampling of `src` `[b, c, sh, sw]` by the row taps and column plan.
+    Upsampled { src: &'a [f32], sh: usize, sw: usize, rows: &'a [super::bilinear_cpu::Tap], cols: &'a super::bilinear_cpu::RowPlan },
+}
+
+impl<'a> Input<'a> {
+    /// Image `img`'s part (`c` channels).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    fn image(self, img: usize, c: usize, (h, w): (usize, usize)) -> Input<'a> {
+        match self {
+            Input::Map(x) => Input::Map(&x[img * c * h * w..][..c * h * w]),
+            Input::Upsampled { src, sh, sw, rows, cols } => Input::Upsampled { src: &src[img * c * sh * sw..][..c * sh * sw], sh, sw, rows, cols },
+        }
+    }
+}
+
+/// [`conv3x3`] from `input`, whose length the caller checked.
+#[allow(clippy::too_many_arguments)]
+fn convolve(b: usize, c: usize, h: usize, w: usize, o: usize, input: Input, weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
     let pixels = b.checked_mul(o)?.checked_mul(h)?.checked_mul(w)?;
     let ok = available()
         && h > 0
         && w > 0
         && c > 0
-        && x.len() == b.checked_mul(c)?.checked_mul(h)?.checked_mul(w)?
         && weight.len() == o.checked_mul(c)?.checked_mul(9)?
         && bias.is_none_or(|v| v.len() == o)
         && fused.residual.is_none_or(|r| r.len() == pixels);
@@ -105,7 +151,7 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
                 let (img, rest) = (task / (th * blocks), task % (th * blocks));
                 let (ty, block) = (rest / blocks, rest % blocks);
                 let task = Task {
-                    x: &x[img * c * h * w..][..c * h * w],
+                    input: input.image(img, c, (h, w)),
                     c,
                     h,
                     w,
@@ -121,7 +167,7 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
                 };
                 let vectors = (tw - task.t0).min(TILES).div_ceil(16);
                 super::cpu_slice::with_scratch(&BUFFER, |buf| {
-                    buf.resize(16 * c * TILES, 0.0);
+                    buf.resize(16 * c * TILES + w.div_ceil(16) * 16, 0.0);
                     // SAFETY: AVX-512F was checked above; the task writes only its own tile row's
                     // pixels of its image (rows 2ty, 2ty + 1, its tiles' columns), inside `out`'s
                     // capacity of `n`.
@@ -142,21 +188,22 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (weight, bias, pixels);
+        let _ = (input, weight, bias, pixels);
         None
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    /// Each worker's transformed input `[16][c][48]`, reused across tasks.
+    /// Each worker's transformed input `[16][c][48]` and an upsampled input row, reused across tasks.
     static BUFFER: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One tile row of one image, tiles `t0 .. t0 + 16·NV`.
 #[cfg(target_arch = "x86_64")]
 struct Task<'a> {
-    x: &'a [f32],
+    /// The image's input.
+    input: Input<'a>,
     c: usize,
     h: usize,
     w: usize,
@@ -180,10 +227,11 @@ impl Task<'_> {
     /// # Safety
     /// AVX-512F present; `out` addresses the image's `o × h × w` writable floats.
     #[target_feature(enable = "avx512f")]
-    unsafe fn run<const NV: usize>(&self, v: &mut [f32]) {
+    unsafe fn run<const NV: usize>(&self, buffer: &mut [f32]) {
         use std::arch::x86_64::*;
+        let (v, line) = buffer.split_at_mut(16 * self.c * TILES);
         for ci in 0..self.c {
-            self.transform_input::<NV>(ci, v);
+            self.transform_input::<NV>(ci, v, line);
         }
         // Every product is written below before the output transform reads it (zeroing these
         // 24 KiB per task took ~5 % of the conv).
@@ -214,9 +262,10 @@ impl Task<'_> {
         }
     }
 
-    /// Channel `ci`'s input patches → its 16 transformed planes in `v` (`[16][c][48]`).
+    /// Channel `ci`'s input patches → its 16 transformed planes in `v` (`[16][c][48]`); an
+    /// upsampled input's rows are interpolated into `line` (the output width, rounded up to 16).
     #[target_feature(enable = "avx512f")]
-    unsafe fn transform_input<const NV: usize>(&self, ci: usize, v: &mut [f32]) {
+    unsafe fn transform_input<const NV: usize>(&self, ci: usize, v: &mut [f32], line_buffer: &mut [f32]) {
         use std::arch::x86_64::*;
         let (h, w) = (self.h as isize, self.w as isize);
         // Tile t covers input columns 2t − 1 .. 2t + 2; lane l of vector k is tile t0 + 16k + l.
@@ -230,7 +279,25 @@ impl Task<'_> {
             if iy < 0 || iy >= h {
                 continue;
             }
-            let line = self.x.as_ptr().add((ci * self.h + iy as usize) * self.w);
+            let line = match self.input {
+                Input::Map(x) => x.as_ptr().add((ci * self.h + iy as usize) * self.w),
+                Input::Upsampled { src, sh, sw, rows, cols } => {
+                    // The columns the loads below read: col0 .. col0 + 32 (NV + 1), inside the row.
+                    let first = col0.max(0) as usize / 16;
+                    let last = ((col0 + 32 * (NV as isize + 1)).min(w) as usize).div_ceil(16).min(cols.groups());
+                    let tap = rows[iy as usize];
+                    let plane = src.as_ptr().add(ci * sh * sw);
+                    let (lo, hi) = (plane.add(tap.lo * sw), plane.add(tap.hi * sw));
+                    let (w_lo, w_hi) = (_mm512_set1_ps(1.0 - tap.t), _mm512_set1_ps(tap.t));
+                    for g in first..last {
+                        // Each source row along the width, then the two blended: the order and
+                        // roundings of `bilinear_cpu`.
+                        let (a, b) = (cols.group(g, lo), cols.group(g, hi));
+                        _mm512_storeu_ps(line_buffer.as_mut_ptr().add(16 * g), _mm512_add_ps(_mm512_mul_ps(a, w_lo), _mm512_mul_ps(b, w_hi)));
+                    }
+                    line_buffer.as_ptr()
+                }
+            };
             let load = |start: isize| -> __m512 {
                 let lo = (-start).clamp(0, 16);
                 let hi = (w - start).clamp(0, 16);
@@ -378,6 +445,33 @@ mod tests {
         let want: Vec<f32> = separate.iter().map(|&v| if v > 0.0 { v } else { 0.0 }).collect();
         assert_eq!(all, want);
         assert!(want.iter().any(|&v| v == 0.0) && want.iter().any(|&v| v > 0.0), "the test needs both signs");
+    }
+
+    /// The conv of an upsampled map interpolated as it is read equals the conv of the stored
+    /// upsampling, bit for bit: both corner modes, widths across the 48-tile blocks and odd sizes,
+    /// two images, with the output ReLU; a resize that shrinks past the row window is declined.
+    #[test]
+    fn the_conv_of_an_upsampling_is_the_conv_of_the_upsampled_map() {
+        if !available() {
+            return;
+        }
+        let dev = Device::Cpu;
+        for ((sh, sw), (h, w), align) in [((37, 37), (74, 74), true), ((23, 60), (45, 141), false), ((5, 9), (7, 9), true), ((1, 1), (3, 5), false)] {
+            let (b, c, o) = (2, 5, 11);
+            let src = Tensor::randn(0f32, 1.0, (b, c, sh, sw), &dev).unwrap();
+            let ws = Tensor::randn(0f32, 1.0, (o, c, 3, 3), &dev).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let bias: Vec<f32> = (0..o).map(|i| i as f32 * 0.1 - 0.5).collect();
+            let up = crate::nn::bilinear_cpu::bilinear(&src, h, w, align).unwrap().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let src = src.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            for relu_output in [false, true] {
+                let fused = Fused { relu_output, ..Fused::default() };
+                let want = conv3x3(b, c, h, w, o, &up, &ws, Some(&bias), fused).unwrap();
+                let got = conv3x3_upsampled(b, c, (sh, sw), (h, w), align, o, &src, &ws, Some(&bias), fused).unwrap();
+                assert_eq!(got, want, "{sh}×{sw} → {h}×{w} align {align} relu {relu_output}");
+            }
+        }
+        assert!(conv3x3_upsampled(1, 1, (100, 100), (20, 20), false, 1, &[0.0; 10000], &[0.0; 9], None, Fused::default()).is_none());
+        assert!(conv3x3_upsampled(1, 1, (4, 4), (8, 8), false, 1, &[0.0; 15], &[0.0; 9], None, Fused::default()).is_none());
     }
 
     #[test]
