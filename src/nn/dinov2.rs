@@ -740,14 +740,15 @@ mod tests {
     fn int8_projections_take_the_int8_attention_where_amx_runs() {
         let dev = Device::Cpu;
         let (dim, heads, n) = (128, 2, 40);
-        let w = || Tensor::randn(0f32, 0.1, (dim, dim), &dev).unwrap();
-        let (wq, wk, wv, wo) = (w(), w(), w(), w());
+        // Fixed inputs: the error depends on the draw (0.9 % to 2.1 % of max |f32| over random ones).
+        let w = |seed| (crate::nn::test_values::spread((dim, dim), seed, &dev) * 0.1).unwrap();
+        let (wq, wk, wv, wo) = (w(1), w(2), w(3), w(4));
         let int8 = |w: &Tensor| Linear::int8_from_f32(w, None).unwrap();
         if int8(&wq).is_none() {
             return; // no int8 GEMM on this CPU
         }
         let attn = SelfAttention::from_linears(int8(&wq).unwrap(), int8(&wk).unwrap(), int8(&wv).unwrap(), Linear::from_tensors(wo.clone(), None).unwrap(), dim, heads).unwrap();
-        let x = Tensor::randn(0f32, 1.0, (1, n, dim), &dev).unwrap();
+        let x = crate::nn::test_values::spread((1, n, dim), 5, &dev);
         let got = attn.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         // The same int8 projections around the f32 attention.
         let project = |w: &Tensor| split_heads(&int8(w).unwrap().forward(&x).unwrap(), heads).unwrap();
@@ -756,6 +757,7 @@ mod tests {
         if crate::nn::amx::available() {
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            eprintln!("int8 attention: max abs error {err} (max |f32| {max})");
             assert!(err > 0.0 && err < 0.03 * max, "int8 attention: max abs error {err} (max |f32| {max})");
         } else {
             assert_eq!(got, want);

@@ -344,9 +344,11 @@ mod tests {
         // 75 queries: two full blocks and a partial one; 70 keys: not a multiple of 16 or 64;
         // width 128: two depth steps.
         for (b, h, nq, nk, d) in [(2, 3, 75, 70, 64), (1, 2, 40, 130, 128)] {
-            let q = Tensor::randn(0f32, 1.0, (b, h, nq, d), &dev).unwrap();
-            let k = Tensor::randn(0f32, 1.0, (b, h, nk, d), &dev).unwrap();
-            let v = Tensor::randn(0f32, 1.0, (b, h, nk, d), &dev).unwrap();
+            // Fixed inputs: the error depends on the draw (1.1 % to 2.7 % of max |f32| over random
+            // draws), and a test must not pass or fail by chance.
+            let q = crate::nn::test_values::spread((b, h, nq, d), 1, &dev);
+            let k = crate::nn::test_values::spread((b, h, nk, d), 2, &dev);
+            let v = crate::nn::test_values::spread((b, h, nk, d), 3, &dev);
             let scale = 1.0 / (d as f32).sqrt();
             let want = crate::nn::fused_attention::attention(&q, &k, &v, scale).unwrap();
             let got = attention(&q, &k, &v, scale).unwrap();

@@ -25,6 +25,8 @@ pub mod q8_rows;
 pub mod residual;
 pub mod rope;
 pub mod rope2d;
+#[cfg(test)]
+pub(crate) mod test_values;
 pub mod winograd;
 
 pub use linear::Linear;
