@@ -317,8 +317,9 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
 }
 
 thread_local! {
-    /// Each worker's stripe columns, reused across stripes and calls.
-    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each worker's image-to-columns buffer (the stripe conv's and [`super::conv_nhwc`]'s),
+    /// reused across stripes and calls.
+    pub(super) static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]

@@ -113,7 +113,7 @@ impl Shape {
     #[allow(clippy::too_many_arguments)]
     unsafe fn block(&self, image: &[f32], first: usize, count: usize, weight: &[f32], bias: Option<&[f32]>, dst: *mut f32, par: gemm::Parallelism) {
         let k = self.taps();
-        with_scratch(&COLUMNS, |cols| {
+        with_scratch(&super::conv::COLUMNS, |cols| {
             cols.resize(count * k, 0.0);
             let fill = |(i, row): (usize, &mut [f32])| self.patch(image, first + i, row);
             if matches!(par, gemm::Parallelism::None) {
@@ -160,11 +160,6 @@ impl Shape {
             }
         }
     }
-}
-
-thread_local! {
-    /// Each worker's columns, reused across blocks and calls.
-    static COLUMNS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(test)]
