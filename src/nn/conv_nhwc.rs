@@ -44,7 +44,7 @@ pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<
     }
     let (b, n, c) = x.dims3()?;
     let (o, wc, kh, kw) = weight.dims4()?;
-    if n != h * w || wc != c || (kh, kw) != window.kernel {
+    if h.checked_mul(w) != Some(n) || wc != c || (kh, kw) != window.kernel {
         candle_core::bail!("conv2d: tokens {:?} of a {h}×{w} map, weight {:?}, kernel {:?}", x.dims(), weight.dims(), window.kernel);
     }
     let Some((oh, ow)) = window.output(h, w) else {
@@ -53,6 +53,10 @@ pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<
     // [O, kh, kw, C]: row k of the weight matches the columns' order (ky, kx, channel).
     let weight = weight.permute((0, 2, 3, 1))?;
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
+    let sizes = [oh, ow, o, kh, kw, c];
+    if sizes.iter().try_fold(b, |acc, &v| acc.checked_mul(v)).is_none() {
+        candle_core::bail!("conv2d: a {oh}×{ow}×{o} output of {kh}×{kw}×{c} patches for {b} images overflows");
+    }
     let shape = Shape { h, w, c, o, oh, ow, window };
     let out = with_contiguous(&weight, |ws: &[f32]| with_contiguous(x, |xs: &[f32]| shape.run(b, xs, ws, bias.as_deref())))?.transpose()?.flatten();
     let Some(out) = out else { return Ok(None) };
