@@ -92,12 +92,10 @@ impl Conv2d {
     /// [`Self::forward_upsampled`] by the Winograd kernel; `None` where it does not apply.
     fn winograd_upsampled(&self, x: &Tensor, (oh, ow): (usize, usize), align_corners: bool, relu: bool) -> Result<Option<Tensor>> {
         use super::cpu_slice::with_contiguous;
-        let cfg = self.config();
-        let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records);
-        let ((b, c, h, w), (o, _, kh, kw)) = (x.dims4()?, self.weight().dims4()?);
-        if records || !self.fast_path_applies(x) || (kh, kw, cfg.padding, cfg.stride) != (3, 3, 1, 1) || !super::winograd::available() {
+        if !self.winograd_applies(x, None)? {
             return Ok(None);
         }
+        let ((b, c, h, w), o) = (x.dims4()?, self.weight().dim(0)?);
         super::interpolate::check_bilinear(x, oh, ow).map_err(candle_core::Error::wrap)?;
         let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
         let fused = super::winograd::Fused { relu_output: relu, ..Default::default() };
@@ -127,14 +125,20 @@ impl Conv2d {
     /// [`Self::forward_pre_relu`] and [`Self::forward_relu`] by the fused Winograd kernel; `None`
     /// where it does not apply.
     fn winograd_fused(&self, x: &Tensor, relu_input: bool, residual: Option<&Tensor>, relu_output: bool) -> Result<Option<Tensor>> {
-        let cfg = self.config();
-        let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records) || residual.is_some_and(super::grad::records);
-        let (_, _, kh, kw) = self.weight().dims4()?;
-        if records || !self.fast_path_applies(x) || (kh, kw, cfg.padding, cfg.stride) != (3, 3, 1, 1) || !super::winograd::available() {
+        if !self.winograd_applies(x, residual)? {
             return Ok(None);
         }
         let bias = self.bias().map(|b| b.to_vec1::<f32>()).transpose()?;
         winograd(x, self.weight(), bias.as_deref(), (relu_input, relu_output), residual)
+    }
+
+    /// Whether the Winograd kernel runs this conv on `x` (with `residual`): a 3×3 "same" f32 conv
+    /// on a CPU with AVX-512, nothing recording for autograd.
+    fn winograd_applies(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<bool> {
+        let cfg = self.config();
+        let records = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records) || residual.is_some_and(super::grad::records);
+        let (_, _, kh, kw) = self.weight().dims4()?;
+        Ok(!records && self.fast_path_applies(x) && (kh, kw, cfg.padding, cfg.stride) == (3, 3, 1, 1) && super::winograd::available())
     }
 
     fn fast_path_applies(&self, x: &Tensor) -> bool {
@@ -170,8 +174,8 @@ impl Module for Conv2d {
 }
 
 /// A 3×3, stride-1, padding-1 conv of `x` by [`super::winograd`] (AVX-512), of `relu(x)` with
-/// `relu_input`, plus `residual`, its output through a ReLU with `relu_output`; `None` where the kernel does not run or the residual is not an
-/// f32 CPU tensor of the output's shape.
+/// `relu_input`, plus `residual`, its output through a ReLU with `relu_output`; `None` where the
+/// kernel does not run or the residual is not an f32 CPU tensor of the output's shape.
 fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, (relu_input, relu_output): (bool, bool), residual: Option<&Tensor>) -> Result<Option<Tensor>> {
     use super::cpu_slice::with_contiguous;
     let ((b, c, h, wd), o) = (x.dims4()?, w.dim(0)?);
