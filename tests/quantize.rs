@@ -124,3 +124,21 @@ fn segformer_gguf_with_scalar_tensors_runs() {
     let got = model.forward_named(&inputs).unwrap();
     assert_close("segformer f16 GGUF", &got["logits"], &expected["logits"], 1e-2);
 }
+
+#[test]
+fn segformer_q8_0_gguf_within_bound() {
+    // segformer_tiny's third stage is 32 wide: its linears and its sequence-reduction conv (2·2·32
+    // values a patch) run the int8 GEMM where the CPU has one; the narrower stages keep f32.
+    let dir = fixture("segformer_tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("seg.gguf");
+    let recipe = Recipe::builtin("segformer").unwrap().expect("segformer recipe ships");
+    quantize(&dir, &out, GgmlDType::Q8_0, &recipe, |_| {}).unwrap();
+    let store = WeightStore::open(&out).unwrap();
+    assert_eq!(store.entries()["segformer.encoder.block.2.0.attention.self.query.weight"].dtype, StoredDType::Ggml(GgmlDType::Q8_0));
+    let model = load_model(&out, DType::F32);
+    let inputs = tensors(&dir, "input.safetensors");
+    let expected = tensors(&dir, "expected.safetensors");
+    let got = model.forward_named(&inputs).unwrap();
+    assert_close("segformer Q8_0 GGUF", &got["logits"], &expected["logits"], 3e-2);
+}

@@ -23,12 +23,25 @@ const MIN_STRIPE_PIXELS: usize = 256;
 #[derive(Debug, Clone)]
 pub struct Conv2d {
     inner: candle_nn::Conv2d,
+    /// The weight rounded to Q8_0 for [`Conv2d::forward_tokens`] ([`Conv2d::hold_int8_for_tokens`]).
+    tokens_int8: Option<std::sync::Arc<super::conv_nhwc::Int8Weight>>,
 }
 
 impl Conv2d {
     /// Builds from a weight, an optional bias and the conv settings.
     pub fn new(weight: Tensor, bias: Option<Tensor>, cfg: Conv2dConfig) -> Self {
-        Conv2d { inner: candle_nn::Conv2d::new(weight, bias, cfg) }
+        Conv2d { inner: candle_nn::Conv2d::new(weight, bias, cfg), tokens_int8: None }
+    }
+
+    /// Holds the weight rounded to Q8_0 as well, so that [`Conv2d::forward_tokens`] runs the int8
+    /// GEMM on f32 CPU tokens (a Q8_0 model's convs); a no-op where the weight trains, this CPU has
+    /// no int8 kernel or a patch is not whole Q8_0 blocks.
+    pub fn hold_int8_for_tokens(&mut self) -> Result<()> {
+        let cfg = self.config();
+        if cfg.groups == 1 && cfg.dilation == 1 && !super::grad::records(self.weight()) {
+            self.tokens_int8 = super::conv_nhwc::Int8Weight::new(self.weight())?.map(std::sync::Arc::new);
+        }
+        Ok(())
     }
 
     /// The weight.
@@ -58,6 +71,11 @@ impl Conv2d {
         let (kh, kw) = self.weight().dims4().map(|(_, _, kh, kw)| (kh, kw))?;
         if cfg.groups == 1 && cfg.dilation == 1 {
             let window = super::conv_nhwc::Window { kernel: (kh, kw), stride: cfg.stride, pad: cfg.padding };
+            if let Some(held) = &self.tokens_int8 {
+                if let Some(y) = super::conv_nhwc::conv2d_int8(x, (h, w), held, self.bias(), window)? {
+                    return Ok(y);
+                }
+            }
             if let Some(y) = super::conv_nhwc::conv2d(x, (h, w), self.weight(), self.bias(), window)? {
                 return Ok(y);
             }

@@ -7,6 +7,7 @@ use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::cpu_slice::{with_contiguous, with_scratch, SharedOut};
+use super::int8_gemm::PackedQ8;
 
 /// One task's columns, in floats (256 KiB: in L2 with the weight).
 const COLUMN_FLOATS: usize = 64 << 10;
@@ -61,6 +62,84 @@ pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<
     let out = with_contiguous(&weight, |ws: &[f32]| with_contiguous(x, |xs: &[f32]| shape.run(b, xs, ws, bias.as_deref())))?.transpose()?.flatten();
     let Some(out) = out else { return Ok(None) };
     Ok(Some((Tensor::from_vec(out, (b, oh * ow, o), x.device())?, (oh, ow))))
+}
+
+/// A conv weight rounded to Q8_0 for the int8 GEMM ([`conv2d_int8`]): `[O, kh·kw·C]` in the
+/// columns' order (ky, kx, channel).
+#[derive(Debug)]
+pub struct Int8Weight {
+    packed: PackedQ8,
+    kernel: (usize, usize),
+    channels: usize,
+}
+
+impl Int8Weight {
+    /// `weight` `[O, C, kh, kw]` (PyTorch's layout) rounded to Q8_0; `None` where this CPU has no
+    /// int8 kernel or a patch's `kh·kw·C` values are not whole Q8_0 blocks.
+    pub fn new(weight: &Tensor) -> Result<Option<Self>> {
+        if !weight.device().is_cpu() || !super::int8_gemm::available() {
+            return Ok(None);
+        }
+        let (o, c, kh, kw) = weight.dims4()?;
+        let rows = weight.to_dtype(DType::F32)?.permute((0, 2, 3, 1))?.contiguous()?.reshape((o, kh * kw * c))?;
+        Ok(PackedQ8::from_f32(&rows)?.map(|packed| Int8Weight { packed, kernel: (kh, kw), channels: c }))
+    }
+}
+
+/// Output pixels per product of [`conv2d_int8`]: their columns (≤ 4 MiB) are the GEMM's input.
+const INT8_COLUMN_FLOATS: usize = 1 << 20;
+
+/// [`conv2d`] with an [`Int8Weight`]: each block of output pixels' columns are rounded per row to
+/// 8 bits and multiplied by the int8 GEMM (a Q8_0 model's convolutions). `Ok(None)` where [`conv2d`]
+/// would not run (not f32, not on the CPU, or recording for autograd).
+pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
+    if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || super::grad::records(t)) {
+        return Ok(None);
+    }
+    let (b, n, c) = x.dims3()?;
+    let (o, k) = (weight.packed.n(), weight.packed.k());
+    if h.checked_mul(w) != Some(n) || weight.channels != c || weight.kernel != window.kernel {
+        candle_core::bail!("conv2d: tokens {:?} of a {h}×{w} map, a {:?} kernel over {} channels, window {:?}", x.dims(), weight.kernel, weight.channels, window.kernel);
+    }
+    let Some((oh, ow)) = window.output(h, w) else {
+        candle_core::bail!("conv2d: a {:?} kernel does not fit a {h}×{w} input padded by {}", window.kernel, window.pad);
+    };
+    let pixels = oh * ow;
+    let total = [pixels, o.max(k)].iter().try_fold(b, |acc, &v| acc.checked_mul(v));
+    if total.is_none() {
+        candle_core::bail!("conv2d: a {oh}×{ow}×{o} output of {k}-value patches for {b} images overflows");
+    }
+    let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
+    let shape = Shape { h, w, c, o, oh, ow, window };
+    let per_product = (INT8_COLUMN_FLOATS / k.max(1)).max(1);
+    let mut out: Vec<f32> = Vec::with_capacity(b * pixels * o);
+    let wrote = with_contiguous(x, |xs: &[f32]| {
+        with_scratch(&super::conv::COLUMNS, |columns| -> Result<()> {
+            // Grown once per thread, never zeroed again: `patch` writes every value.
+            if columns.len() < per_product.min(b * pixels) * k {
+                columns.resize(per_product.min(b * pixels) * k, 0.0);
+            }
+            let spare = &mut out.spare_capacity_mut()[..b * pixels * o];
+            // The output tokens of all images in turn: pixel g is pixel g % pixels of image g / pixels.
+            for (block, dst) in spare.chunks_mut(per_product * o).enumerate() {
+                let (first, count) = (block * per_product, dst.len() / o);
+                let cols = &mut columns[..count * k];
+                cols.par_chunks_exact_mut(k).enumerate().for_each(|(i, row)| {
+                    let g = first + i;
+                    shape.patch(&xs[(g / pixels) * h * w * c..][..h * w * c], g % pixels, row);
+                });
+                weight.packed.matmul_into(cols, count, bias.as_deref(), dst)?;
+            }
+            Ok(())
+        })
+    })?
+    .transpose()?;
+    if wrote.is_none() {
+        return Ok(None);
+    }
+    // SAFETY: the blocks' products wrote every output token's `o` values.
+    unsafe { out.set_len(b * pixels * o) };
+    Ok(Some((Tensor::from_vec(out, (b, pixels, o), x.device())?, (oh, ow))))
 }
 
 /// The sizes of one call.
@@ -170,6 +249,32 @@ impl Shape {
 mod tests {
     use super::*;
     use candle_core::{Device, Tensor};
+
+    /// The int8 conv against the f32 one within 8-bit rounding: several images, padding, a
+    /// depth of several Q8_0 blocks, several products (more columns than one product takes).
+    #[test]
+    fn int8_tracks_the_f32_conv() {
+        let dev = Device::Cpu;
+        let (b, c, h, w, o) = (2, 64, 47, 45, 40);
+        let x = crate::nn::test_values::spread((b, h * w, c), 1, &dev);
+        let wt = crate::nn::test_values::spread((o, c, 3, 3), 2, &dev);
+        let bias = crate::nn::test_values::spread(o, 3, &dev);
+        let window = Window { kernel: (3, 3), stride: 1, pad: 1 };
+        assert!(b * h * w * 9 * c > INT8_COLUMN_FLOATS, "the test must cover several products");
+        let Some(held) = Int8Weight::new(&wt).unwrap() else {
+            eprintln!("no int8 kernel here: the int8 conv does not run");
+            return;
+        };
+        let (want, size) = conv2d(&x, (h, w), &wt, Some(&bias), window).unwrap().unwrap();
+        let (got, got_size) = conv2d_int8(&x, (h, w), &held, Some(&bias), window).unwrap().unwrap();
+        assert_eq!(got_size, size);
+        let err = (&got - &want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        let max = want.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+        assert!(err > 0.0 && err < 0.02 * max, "max error {err} (max |f32| {max})");
+        // A patch of 3·3·3 values is not whole Q8_0 blocks: no int8 weight; a mismatched input is an error.
+        assert!(Int8Weight::new(&crate::nn::test_values::spread((o, 3, 3, 3), 4, &dev)).unwrap().is_none());
+        assert!(conv2d_int8(&x, (h + 1, w), &held, Some(&bias), window).is_err());
+    }
 
     /// Against Candle's NCHW conv: overlapping and patchifying kernels, padding wider than a stride,
     /// odd sizes, several images, with and without a bias, one and many blocks per image.

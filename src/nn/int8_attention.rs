@@ -17,16 +17,19 @@ const ROWS: usize = 32;
 /// Keys per tile of `q kᵀ`, values per tile row group (and the depth of a tile step, in bytes).
 const KEYS: usize = 16;
 const DEPTH: usize = 64;
+/// Head widths are a multiple of this; a width that is not a multiple of [`DEPTH`] is padded with
+/// zeros to one in the packed queries, keys and values (SegFormer's 32-wide heads).
+const WIDTH_STEP: usize = 32;
 
 /// The most terms an int32 sum here holds without overflow: `Σ p v` over the keys adds bytes ≤ 255
 /// times values ≤ 128 in magnitude (`q kᵀ` over the head width adds smaller products).
 const MAX_KEYS: usize = (i32::MAX as usize) / (255 * 128);
 
 /// Whether [`attention`] runs `q`, `k`, `v` here: f32 CPU tensors as [`super::fused_attention`]
-/// takes, a head width that is a multiple of 64, at most [`MAX_KEYS`] keys and channels, and AMX.
+/// takes, a head width that is a multiple of 32, at most [`MAX_KEYS`] keys and channels, and AMX.
 pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     super::fused_attention::applies(q, k, v)
-        && q.dim(3).is_ok_and(|d| d > 0 && d % DEPTH == 0 && d <= MAX_KEYS)
+        && q.dim(3).is_ok_and(|d| d > 0 && d % WIDTH_STEP == 0 && d <= MAX_KEYS)
         && k.dim(2).is_ok_and(|n| n <= MAX_KEYS)
         && super::amx::available()
 }
@@ -36,7 +39,7 @@ pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
 /// where [`applies`] does not hold.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
     if !applies(q, k, v) {
-        return Err(Error::Input("int8 attention: needs f32 CPU tensors, a head width that is a multiple of 64 and AMX".into()));
+        return Err(Error::Input("int8 attention: needs f32 CPU tensors, a head width that is a multiple of 32 and AMX".into()));
     }
     let (b, h, nq, nk, d) = dims(q, k, v)?;
     let (qs, ql) = q.storage_and_layout();
@@ -53,7 +56,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
             let (keys, values) = unsafe { (Keys::pack(&kv, (bi, hi), nk, d), Values::pack(&vv, (bi, hi), nk, d)) };
             head_out.par_chunks_mut(ROWS * d).enumerate().for_each(|(block, o)| {
                 let q_rows = |r: usize| &qv.from_row(bi, hi, block * ROWS + r)[..d];
-                unsafe { attend_block(q_rows, o.len() / d, &keys, &values, scale, o) };
+                unsafe { attend_block(q_rows, o.len() / d, d, &keys, &values, scale, o) };
             });
         });
     }
@@ -75,18 +78,20 @@ struct Keys {
 
 #[cfg(target_arch = "x86_64")]
 impl Keys {
-    /// Rounds and packs keys `0 .. n` (width `d`, a multiple of 64) of head `h` of item `b`.
+    /// Rounds and packs keys `0 .. n` (width `d`, a multiple of 32, padded with zeros to a
+    /// multiple of 64) of head `h` of item `b`.
     ///
     /// # Safety
     /// AVX-512F runs here.
     unsafe fn pack(k: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Keys {
         let padded = n.next_multiple_of(2 * KEYS);
-        let steps = d / DEPTH;
-        let mut tiles = vec![0i8; padded * d];
+        let width = d.next_multiple_of(DEPTH);
+        let steps = width / DEPTH;
+        let mut tiles = vec![0i8; padded * width];
         let mut scale = vec![0f32; padded];
-        let mut row = vec![0i8; d];
+        let mut row = vec![0i8; width];
         for j in 0..n {
-            scale[j] = unsafe { simd::round_row(&k.from_row(b, h, j)[..d], &mut row) };
+            scale[j] = unsafe { simd::round_row(&k.from_row(b, h, j)[..d], &mut row[..d]) };
             // Each 4 bytes of the key go whole to their tile row (64 bytes apart).
             let (tile, col) = (j / KEYS, j % KEYS);
             for (quad, x) in row.chunks_exact(4).enumerate() {
@@ -100,22 +105,25 @@ impl Keys {
 
 /// One head's values rounded per channel and packed as `p v`'s right-hand tiles.
 struct Values {
-    /// `[64-key step][16-channel group][16 rows of 4 keys × 16 channels]`, keys padded with zeros.
+    /// `[64-key step][16-channel group][16 rows of 4 keys × 16 channels]`, keys and channels
+    /// padded with zeros (channels to a multiple of 64).
     tiles: Vec<i8>,
-    /// Each channel's scale.
+    /// Each channel's scale (padding channels: 0).
     scale: Vec<f32>,
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Values {
-    /// Rounds and packs values `0 .. n` (width `d`, a multiple of 64) of head `h` of item `b`.
+    /// Rounds and packs values `0 .. n` (width `d`, a multiple of 32, padded with zeros to a
+    /// multiple of 64) of head `h` of item `b`.
     ///
     /// # Safety
     /// AVX-512F runs here.
     unsafe fn pack(v: &HeadsView, (b, h): (usize, usize), n: usize, d: usize) -> Values {
         let padded = n.next_multiple_of(DEPTH);
-        let groups = d / 16;
-        let mut max = vec![0f32; d];
+        let width = d.next_multiple_of(DEPTH);
+        let groups = width / 16;
+        let mut max = vec![0f32; width];
         for j in 0..n {
             for (m, x) in max.iter_mut().zip(&v.from_row(b, h, j)[..d]) {
                 if x.abs() > *m || x.is_nan() {
@@ -124,20 +132,20 @@ impl Values {
             }
         }
         let inv: Vec<f32> = max.iter().map(|&m| if m > 0.0 { 127.0 / m } else { 0.0 }).collect();
-        let mut tiles = vec![0i8; padded * d];
+        let mut tiles = vec![0i8; padded * width];
         // Four keys at a time: their bytes interleave into each 16-channel group's tile row.
-        let mut quad = vec![0i8; 4 * d];
+        let mut quad = vec![0i8; 4 * width];
         for j0 in (0..n).step_by(4) {
             quad.fill(0);
-            for (t, dst) in quad.chunks_exact_mut(d).enumerate().take(n - j0) {
-                unsafe { simd::round_by(&v.from_row(b, h, j0 + t)[..d], &inv, dst) };
+            for (t, dst) in quad.chunks_exact_mut(width).enumerate().take(n - j0) {
+                unsafe { simd::round_by(&v.from_row(b, h, j0 + t)[..d], &inv[..d], &mut dst[..d]) };
             }
             let (step, r) = (j0 / DEPTH, (j0 % DEPTH) / 4);
             for g in 0..groups {
                 let dst = &mut tiles[(step * groups + g) * 1024 + r * 64..][..64];
                 for (c, lane) in dst.chunks_exact_mut(4).enumerate() {
                     for (t, x) in lane.iter_mut().enumerate() {
-                        *x = quad[t * d + g * 16 + c];
+                        *x = quad[t * width + g * 16 + c];
                     }
                 }
             }
@@ -155,38 +163,39 @@ thread_local! {
     static PROBS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Query rows `q_rows(0 .. rows)` (`rows` ≤ 32) of one head against its packed keys and values,
-/// into `out` (`rows × d`).
+/// Query rows `q_rows(0 .. rows)` (`rows` ≤ 32, `d` wide) of one head against its packed keys
+/// and values, into `out` (`rows × d`).
 ///
 /// # Safety
 /// AMX and AVX-512BW run here ([`super::amx::available`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, keys: &Keys, values: &Values, scale: f32, out: &mut [f32]) {
+unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, d: usize, keys: &Keys, values: &Values, scale: f32, out: &mut [f32]) {
     use super::amx;
     use super::cpu_slice::with_scratch;
-    let d = values.scale.len();
+    // The packed width: `d` padded with zeros to whole depth steps.
+    let width = values.scale.len();
     let (nk, padded_keys) = (keys.n, keys.scale.len());
     let padded_probs = nk.next_multiple_of(DEPTH);
-    let mut q8 = vec![0i8; ROWS * d];
+    let mut q8 = vec![0i8; ROWS * width];
     let mut q_scale = [0f32; ROWS];
     for r in 0..rows {
-        q_scale[r] = simd::round_row(q_rows(r), &mut q8[r * d..][..d]) * scale;
+        q_scale[r] = simd::round_row(&q_rows(r)[..d], &mut q8[r * width..][..d]) * scale;
     }
     with_scratch(&SCORES, |scores| {
         with_scratch(&PROBS, |probs| {
             scores.resize(ROWS * padded_keys, 0.0);
             probs.resize(ROWS * padded_probs, 0);
             let sums = scores.as_mut_ptr().cast::<i32>();
-            // SAFETY: the tiles are configured for this block only; `q8` holds 32 rows of d bytes,
-            // the key tiles `padded_keys / 16` tiles of d/64 steps, the score block 32 rows of
-            // `padded_keys` int32 sums, each call two tiles (32 columns) of them.
+            // SAFETY: the tiles are configured for this block only; `q8` holds 32 rows of `width`
+            // bytes, the key tiles `padded_keys / 16` tiles of width/64 steps, the score block 32
+            // rows of `padded_keys` int32 sums, each call two tiles (32 columns) of them.
             {
                 let _tiles = unsafe { amx::Tiles::configure() };
-                let steps = d / DEPTH;
+                let steps = width / DEPTH;
                 for pair in 0..padded_keys / (2 * KEYS) {
                     let b0 = keys.tiles.as_ptr().add(2 * pair * steps * 1024);
-                    unsafe { amx::dot_s8_32x32(q8.as_ptr(), d, b0, b0.add(steps * 1024), steps, sums.add(pair * 2 * KEYS), padded_keys * 4) };
+                    unsafe { amx::dot_s8_32x32(q8.as_ptr(), width, b0, b0.add(steps * 1024), steps, sums.add(pair * 2 * KEYS), padded_keys * 4) };
                 }
                 let mut prob_sums = [0u32; ROWS];
                 for r in 0..rows {
@@ -200,7 +209,7 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, key
                     prob_sums[r] = if max.is_finite() { sum } else { 0 };
                 }
                 let mut acc = [0i32; 16 * 64];
-                let (steps, groups) = (padded_probs / DEPTH, d / 16);
+                let (steps, groups) = (padded_probs / DEPTH, width / 16);
                 for half in 0..rows.div_ceil(16) {
                     for quad in 0..groups / 4 {
                         // SAFETY: 16 rows of `padded_probs` bytes from row 16·half (the block has 32
@@ -211,7 +220,8 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, key
                         for i in 0..16.min(rows - half * 16) {
                             let r = half * 16 + i;
                             let inv = if prob_sums[r] > 0 { 1.0 / prob_sums[r] as f32 } else { f32::NAN };
-                            let dst = &mut out[r * d + quad * 64..][..64];
+                            // The packed width's padding channels (zeros) are not stored.
+                            let dst = &mut out[r * d + quad * 64..][..64.min(d - quad * 64)];
                             for ((o, a), s) in dst.iter_mut().zip(&acc[i * 64..][..64]).zip(&values.scale[quad * 64..]) {
                                 *o = *a as f32 * s * inv;
                             }
@@ -342,8 +352,8 @@ mod tests {
         }
         let dev = Device::Cpu;
         // 75 queries: two full blocks and a partial one; 70 keys: not a multiple of 16 or 64;
-        // width 128: two depth steps.
-        for (b, h, nq, nk, d) in [(2, 3, 75, 70, 64), (1, 2, 40, 130, 128)] {
+        // width 128: two depth steps; widths 32 and 96: padded to whole depth steps.
+        for (b, h, nq, nk, d) in [(2, 3, 75, 70, 64), (1, 2, 40, 130, 128), (1, 3, 70, 90, 32), (2, 1, 33, 45, 96)] {
             // Fixed inputs: the error depends on the draw (1.1 % to 2.7 % of max |f32| over random
             // draws), and a test must not pass or fail by chance.
             let q = crate::nn::test_values::spread((b, h, nq, d), 1, &dev);
@@ -378,7 +388,7 @@ mod tests {
         let bad = attention(&Tensor::from_vec(qs, (b, h, n, d), &dev).unwrap(), &k, &v, 0.125).unwrap();
         let rows = bad.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!(rows.chunks(d).enumerate().all(|(r, row)| row.iter().all(|x| x.is_nan()) == (r == 5) && (r == 5 || row.iter().all(|x| x.is_finite()))));
-        let narrow = Tensor::zeros((1, 2, 4, 32), candle_core::DType::F32, &dev).unwrap();
+        let narrow = Tensor::zeros((1, 2, 4, 48), candle_core::DType::F32, &dev).unwrap();
         assert!(attention(&narrow, &narrow, &narrow, 1.0).is_err());
         let other = Tensor::zeros((1, 2, 5, 128), candle_core::DType::F32, &dev).unwrap();
         assert!(attention(&q, &other, &other, 1.0).is_err());

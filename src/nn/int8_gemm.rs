@@ -128,6 +128,18 @@ impl PackedQ8 {
         Some(PackedQ8 { n, k, blocks })
     }
 
+    /// An f32 `[n, k]` matrix rounded to Q8_0 (Candle's rounding, as `edgerun quantize` writes it)
+    /// and repacked; `None` where `k` is not a whole number of blocks.
+    pub fn from_f32(weight: &candle_core::Tensor) -> candle_core::Result<Option<Self>> {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let (n, k) = weight.dims2()?;
+        if k == 0 || !k.is_multiple_of(BLOCK) {
+            return Ok(None);
+        }
+        let q = QTensor::quantize(&weight.to_dtype(candle_core::DType::F32)?, GgmlDType::Q8_0)?;
+        Ok(Self::from_q8_0(&q.data()?, n, k))
+    }
+
     /// The matrices stacked along the outputs (`[Σn, k]`: one product where there were several);
     /// `None` without parts, when their `k` differ, or when a part but the last has a partial panel.
     pub fn concat(parts: &[&PackedQ8]) -> Option<Self> {
@@ -166,13 +178,32 @@ impl PackedQ8 {
         if Some(x.len()) != m.checked_mul(self.k) || bias.is_some_and(|b| b.len() != self.n) {
             candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), self.n);
         }
-        let (qa, da) = quantize_rows(x, m, self.k);
         // Uninitialised: the tiles write every element (zeroing it first cost a memory pass).
         let mut out: Vec<f32> = Vec::with_capacity(m * self.n);
+        self.product_into(kernel, x, m, bias, &mut out.spare_capacity_mut()[..m * self.n]);
+        // SAFETY: `product_into` wrote all m × n elements.
+        unsafe { out.set_len(m * self.n) };
+        Ok(out)
+    }
+
+    /// [`Self::matmul`] into `out` (`m × n`, row-major, written whole); an error where this CPU has
+    /// no int8 kernel or the lengths do not fit.
+    pub fn matmul_into(&self, x: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) -> candle_core::Result<()> {
+        let Some(kernel) = Kernel::detect() else { candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI or AVX-VNNI") };
+        if Some(x.len()) != m.checked_mul(self.k) || bias.is_some_and(|b| b.len() != self.n) || Some(out.len()) != m.checked_mul(self.n) {
+            candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?}, output of {} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), out.len(), self.n);
+        }
+        self.product_into(kernel, x, m, bias, out);
+        Ok(())
+    }
+
+    /// Writes every element of `out` (`m × n`) with `kernel`, which runs here; the lengths are checked.
+    fn product_into(&self, kernel: Kernel, x: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) {
+        let (qa, da) = quantize_rows(x, m, self.k);
         let kb = self.k / BLOCK;
         let panels = self.n.div_ceil(PANEL);
         let chunks = m.div_ceil(TASK_ROWS);
-        let dst = super::cpu_slice::SharedOut(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
+        let dst = super::cpu_slice::SharedOut(out.as_mut_ptr().cast::<f32>());
         (0..chunks * panels).into_par_iter().for_each(|unit| {
             let (chunk, p) = (unit / panels, unit % panels);
             let panel = &self.blocks[p * kb..][..kb];
@@ -202,10 +233,8 @@ impl PackedQ8 {
                 r += tile;
             }
         });
-        // SAFETY: the units cover every row chunk × panel, and each tile stored all `cols` columns
-        // of its rows, so all m × n elements are written.
-        unsafe { out.set_len(m * self.n) };
-        Ok(out)
+        // The units cover every row chunk × panel, and each tile stored all `cols` columns of its
+        // rows, so all m × n elements are written.
     }
 }
 

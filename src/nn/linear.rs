@@ -382,12 +382,11 @@ impl Linear {
     /// `weight` `[out, in]` (f32, CPU) rounded to Q8_0 and held for the int8 GEMM, as a Q8_0 file's
     /// linear is held; `None` where this CPU has no int8 kernel or `in` is not a whole number of blocks.
     pub fn int8_from_f32(weight: &Tensor, bias: Option<Tensor>) -> Result<Option<Self>> {
-        let (out_dim, in_dim) = weight.dims2()?;
-        if !weight.device().is_cpu() || !int8_gemm::available() || in_dim % int8_gemm::BLOCK != 0 {
+        let out_dim = weight.dim(0)?;
+        if !weight.device().is_cpu() || !int8_gemm::available() {
             return Ok(None);
         }
-        let q = candle_core::quantized::QTensor::quantize(&weight.to_dtype(DType::F32)?, GgmlDType::Q8_0)?;
-        let packed = PackedQ8::from_q8_0(&q.data()?, out_dim, in_dim);
+        let packed = PackedQ8::from_f32(weight)?;
         Ok(packed.map(|p| Linear { weight: Weight::Int8(std::sync::Arc::new(p)), bias, out_dim }))
     }
 

@@ -15,6 +15,7 @@
 //! at load time) + ReLU, 1×1 classifier → logits `[B, num_labels, H/4, W/4]`.
 use std::collections::BTreeMap;
 
+use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, LayerNorm};
 use crate::nn::conv::Conv2d;
@@ -27,9 +28,12 @@ use crate::models::{Model, NamedTensors};
 use crate::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
 use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
-use crate::weights::Vb;
+use crate::weights::{StoredDType, Vb};
 
+mod folded_head;
 pub mod pipeline;
+
+use folded_head::{ClassifierWeight, FoldedHead};
 
 pub use pipeline::{argmax_classes, resize_argmax, ClassMap, Preprocess, Segmenter};
 
@@ -297,14 +301,20 @@ impl Attention {
         let head_dim = c / heads;
         let inner = heads * head_dim;
         let s = vb.pp("self");
+        let query = Linear::load(&s.pp("query"), c, inner, true)?;
         let sr = if sr > 1 {
             let cfg = Conv2dConfig { stride: sr, ..Default::default() };
-            Some((conv2d(&s.pp("sr"), c, c, sr, cfg, true)?, ln(&s.pp("layer_norm"), c)?))
+            let mut conv = conv2d(&s.pp("sr"), c, c, sr, cfg, true)?;
+            // Projections that run the int8 GEMM (a Q8_0 file's): the reduction runs it too.
+            if query.runs_int8() {
+                conv.hold_int8_for_tokens()?;
+            }
+            Some((conv, ln(&s.pp("layer_norm"), c)?))
         } else {
             None
         };
         Ok(Attention {
-            query: Linear::load(&s.pp("query"), c, inner, true)?,
+            query,
             key: Linear::load(&s.pp("key"), c, inner, true)?,
             value: Linear::load(&s.pp("value"), c, inner, true)?,
             sr,
@@ -333,6 +343,11 @@ impl Attention {
         let k = self.heads(&self.key.forward(&kv)?)?;
         let v = self.heads(&self.value.forward(&kv)?)?;
         let scale = (self.head_dim as f64).powf(-0.5);
+        // Projections that round their activations to 8 bits (a Q8_0 file's) take int8 products here too.
+        if self.query.runs_int8() && crate::nn::int8_attention::applies(&q, &k, &v) {
+            let o = crate::nn::int8_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
+            return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
+        }
         if crate::nn::fused_attention::applies(&q, &k, &v) {
             let o = crate::nn::fused_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
             return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
@@ -441,16 +456,6 @@ pub enum DecodeHeadImpl {
     Literal,
 }
 
-struct FoldedHead {
-    /// Per stage: `linear_fuse[:, block(s)] · proj_s` as `[D, C_s]`, no bias.
-    stage: Vec<Linear>,
-    /// `BN bias + Σ_s linear_fuse[:, block(s)] · proj_s.bias` `[D]` (f32).
-    bias: Vec<f32>,
-    /// Classifier `[L, D]` (row-major) and bias `[L]`.
-    cls_w: Vec<f32>,
-    cls_b: Vec<f32>,
-}
-
 /// `linear_fuse` and an eval-mode BatchNorm kept apart, for training: the conv weight and the
 /// BatchNorm's affine parameters may be trainable; the running statistics stay fixed.
 struct TrainableFuse {
@@ -525,7 +530,11 @@ impl DecodeHead {
         let w32 = w.broadcast_mul(&inv.reshape((d, 1, 1, 1))?)?;
         let b32 = (beta - (&mean * &inv)?)?;
         let fuse = Fuse::Folded(Conv2d::new(w32.to_dtype(vb.dtype())?, Some(b32.to_dtype(vb.dtype())?), Conv2dConfig::default()));
-        // The folded form, computed in f64 from the f32 weights (on the CPU, then moved).
+        // The folded form, computed in f64 from the f32 weights (on the CPU, then moved). A head
+        // whose projections a Q8_0 file holds in 8 bits is held for the int8 GEMM, as the encoder's
+        // linears of such a file are.
+        let int8 = crate::nn::int8_gemm::available()
+            && vb.store().stored_dtype(&vb.pp("linear_c").pp(0).pp("proj").path("weight")) == Some(StoredDType::Ggml(GgmlDType::Q8_0));
         let folded = if vb.dtype() == DType::F32 && vb.device().is_cpu() {
             let wf = w32.reshape((d, n * d))?.to_dtype(DType::F64)?;
             let mut bias = b32.to_dtype(DType::F64)?;
@@ -536,15 +545,26 @@ impl DecodeHead {
                 let p = f32v.pp("linear_c").pp(s).pp("proj");
                 let pw = p.get((d, cfg.hidden_sizes[s]), "weight")?.to_dtype(DType::F64)?;
                 let pb = p.get(d, "bias")?.to_dtype(DType::F64)?;
-                stage.push(Linear::from_tensors(ws.matmul(&pw)?.to_dtype(DType::F32)?, None)?);
+                let map = ws.matmul(&pw)?.to_dtype(DType::F32)?;
+                let held = if int8 { Linear::int8_from_f32(&map, None)? } else { None };
+                stage.push(match held {
+                    Some(linear) => linear,
+                    None => Linear::from_tensors(map, None)?,
+                });
                 bias = (bias + ws.matmul(&pb.reshape((d, 1))?)?.reshape(d)?)?;
             }
             let cls = f32v.pp("classifier");
+            let cls_w = cls.get((labels, d, 1, 1), "weight")?.reshape((labels, d))?;
+            let packed = if int8 { crate::nn::int8_gemm::PackedQ8::from_f32(&cls_w)? } else { None };
+            let classifier = match packed {
+                Some(p) => ClassifierWeight::Int8(p),
+                None => ClassifierWeight::F32(cls_w.flatten_all()?.to_vec1::<f32>()?),
+            };
             Some(FoldedHead {
                 stage,
                 bias: bias.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-                cls_w: cls.get((labels, d, 1, 1), "weight")?.flatten_all()?.to_vec1::<f32>()?,
-                cls_b: cls.get(labels, "bias")?.to_vec1::<f32>()?,
+                classifier,
+                classifier_bias: cls.get(labels, "bias")?.to_vec1::<f32>()?,
             })
         } else {
             None
@@ -577,6 +597,7 @@ impl DecodeHead {
         let (b, _, _) = feats[0].0.dims3()?;
         let (_, h0, w0) = feats[0];
         let d = f.bias.len();
+        let labels = f.classifier_bias.len();
         let maps = feats
             .iter()
             .zip(&f.stage)
@@ -590,78 +611,10 @@ impl DecodeHead {
             };
             planes.push((&data[layout.start_offset()..][..b * h * w * d], *h, *w));
         }
-        let fused = upsample_sum_relu(&planes, b, d, h0, w0, &f.bias);
+        let logits = f.logits(&planes, b, (h0, w0))?;
         drop(held);
-        let logits = classify(&fused, b, d, &f.cls_w, &f.cls_b);
-        Tensor::from_vec(logits, (b, f.cls_b.len(), h0, w0), feats[0].0.device())
+        Tensor::from_vec(logits, (b, labels, h0, w0), feats[0].0.device())
     }
-}
-
-/// The 1×1 classifier on channels-last features `x [B, P, D]`: logits `[B, L, P]` (NCHW) =
-/// `weight [L, D] · xᵀ + bias`, one GEMM per image straight into its planes.
-fn classify(x: &[f32], b: usize, d: usize, weight: &[f32], bias: &[f32]) -> Vec<f32> {
-    let labels = bias.len();
-    let pixels = x.len() / (b * d).max(1);
-    let mut logits = vec![0f32; b * labels * pixels];
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-    for (img, out) in x.chunks_exact(pixels * d).zip(logits.chunks_exact_mut(labels * pixels)) {
-        for (plane, &v) in out.chunks_exact_mut(pixels).zip(bias) {
-            plane.fill(v);
-        }
-        // SAFETY: dst is this image's `L × P` planes (row stride P); lhs the `L × D` weight; rhs
-        // `xᵀ` (`D × P`, element (c, p) at p·D + c) inside this image's features.
-        unsafe {
-            gemm::gemm(
-                labels, pixels, d,
-                out.as_mut_ptr(), 1, pixels as isize, true,
-                weight.as_ptr(), 1, d as isize,
-                img.as_ptr(), d as isize, 1,
-                1.0, 1.0, false, false, false, par,
-            );
-        }
-    }
-    logits
-}
-
-/// `relu(bias + Σ_s bilinear_{align_corners=False}(y_s → h0×w0))` for channels-last stage maps
-/// `y_s [B, h_s·w_s, D]`; returns `[B, h0·w0, D]`. Parallel over output rows; a map already at
-/// `h0 × w0` is added as it is.
-fn upsample_sum_relu(ys: &[(&[f32], usize, usize)], b: usize, d: usize, h0: usize, w0: usize, bias: &[f32]) -> Vec<f32> {
-    use rayon::prelude::*;
-    let taps: Vec<_> = ys.iter().map(|(_, h, w)| (pipeline::axis_taps(*h, h0), pipeline::axis_taps(*w, w0))).collect();
-    let row = w0 * d;
-    let mut out = vec![0f32; b * h0 * row];
-    out.par_chunks_mut(row).enumerate().for_each(|(r, orow)| {
-        let (bi, oy) = (r / h0, r % h0);
-        for px in orow.chunks_exact_mut(d) {
-            px.copy_from_slice(bias);
-        }
-        for ((y, h, w), (rt, ct)) in ys.iter().zip(&taps) {
-            let (h, w) = (*h, *w);
-            let plane = &y[bi * h * w * d..][..h * w * d];
-            if (h, w) == (h0, w0) {
-                orow.iter_mut().zip(&plane[oy * row..][..row]).for_each(|(o, v)| *o += v);
-                continue;
-            }
-            let (y0, y1, ly1) = rt[oy];
-            let ly0 = 1.0 - ly1;
-            for (ox, o) in orow.chunks_exact_mut(d).enumerate() {
-                let (x0, x1, lx1) = ct[ox];
-                let lx0 = 1.0 - lx1;
-                let p = |yy: usize, xx: usize| &plane[(yy * w + xx) * d..][..d];
-                let (p00, p01, p10, p11) = (p(y0, x0), p(y0, x1), p(y1, x0), p(y1, x1));
-                let (w00, w01, w10, w11) = (ly0 * lx0, ly0 * lx1, ly1 * lx0, ly1 * lx1);
-                for c in 0..d {
-                    o[c] += w00 * p00[c] + w01 * p01[c] + w10 * p10[c] + w11 * p11[c];
-                }
-            }
-        }
-        for v in orow.iter_mut() {
-            *v = v.max(0.0);
-        }
-    });
-    out
 }
 
 /// `SegformerForSemanticSegmentation`: `pixel_values [B, C, H, W]` → `logits [B, num_labels, H/4, W/4]`.
@@ -688,7 +641,7 @@ impl SegformerForSemanticSegmentation {
         for s in 0..cfg.num_encoder_blocks {
             let c = cfg.hidden_sizes[s];
             let in_c = if s == 0 { cfg.num_channels } else { cfg.hidden_sizes[s - 1] };
-            let embed = PatchEmbed::load(&enc.pp("patch_embeddings").pp(s), in_c, c, cfg.patch_sizes[s], cfg.strides[s])?;
+            let mut embed = PatchEmbed::load(&enc.pp("patch_embeddings").pp(s), in_c, c, cfg.patch_sizes[s], cfg.strides[s])?;
             let blocks = (0..cfg.depths[s])
                 .map(|j| {
                     let b = enc.pp("block").pp(s).pp(j);
@@ -700,6 +653,10 @@ impl SegformerForSemanticSegmentation {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // A stage whose linears run the int8 GEMM (a Q8_0 file's) convolves in int8 too.
+            if blocks.first().is_some_and(|b| b.attn.query.runs_int8()) {
+                embed.proj.hold_int8_for_tokens()?;
+            }
             let norm = ln(&enc.pp("layer_norm").pp(s), c)?;
             stages.push(Stage { embed, blocks, norm });
         }
