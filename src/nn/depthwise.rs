@@ -629,45 +629,96 @@ fn taps_major<T: Elem>(g: &Geom, w: &[T]) -> Vec<T> {
 
 /// `out[b, oy, ox, oc] = act(bias[oc] + Σ_taps w[oc, tap] · x[b, iy, ix, oc / m])`.
 fn nhwc_fwd<T: Elem>(g: &Geom, x: &[T], w: &[T], bias: &[T], act: DwActivation) -> Vec<T> {
-    let (ci, co, m) = (g.c_in, g.c_out(), g.mult);
     let wt = taps_major(g, w);
     let cols = g.col_ranges();
-    let row_len = g.ow * co;
+    let row_len = g.ow * g.c_out();
     let mut out = vec![T::default(); g.b * g.oh * row_len];
     if row_len == 0 {
         return out;
     }
-    out.par_chunks_mut(row_len).enumerate().for_each(|(r, orow)| {
-        let (bi, oy) = (r / g.oh, r % g.oh);
-        for px in orow.chunks_exact_mut(co) {
-            px.copy_from_slice(bias);
-        }
-        for ki in 0..g.kh {
-            let Some(iy) = g.in_row(oy, ki) else { continue };
-            let irow = &x[(bi * g.h + iy) * g.w * ci..][..g.w * ci];
-            for (kj, &(off, lo, hi)) in cols.iter().enumerate() {
-                let wv = &wt[(ki * g.kw + kj) * co..][..co];
-                for ox in lo..hi {
-                    let ix = (ox as isize * g.s as isize + off) as usize;
-                    let ipx = &irow[ix * ci..][..ci];
-                    let opx = &mut orow[ox * co..][..co];
-                    if m == 1 {
-                        for ((o, &wc), &xv) in opx.iter_mut().zip(wv).zip(ipx) {
-                            *o += wc * xv;
-                        }
-                    } else {
-                        for (oc, (o, &wc)) in opx.iter_mut().zip(wv).enumerate() {
-                            *o += wc * ipx[oc / m];
-                        }
+    out.par_chunks_mut(row_len).enumerate().for_each(|(r, orow)| nhwc_fwd_row(g, x, &wt, &cols, bias, act, r, orow));
+    out
+}
+
+/// Output row `r` (image `r / oh`, row `r % oh`) of [`nhwc_fwd`] into `orow` (`ow × Co`), with
+/// the taps-major weight `wt` and the column ranges `cols`.
+#[allow(clippy::too_many_arguments)]
+fn nhwc_fwd_row<T: Elem>(g: &Geom, x: &[T], wt: &[T], cols: &[(isize, usize, usize)], bias: &[T], act: DwActivation, r: usize, orow: &mut [T]) {
+    let (ci, co, m) = (g.c_in, g.c_out(), g.mult);
+    let (bi, oy) = (r / g.oh, r % g.oh);
+    for px in orow.chunks_exact_mut(co) {
+        px.copy_from_slice(bias);
+    }
+    for ki in 0..g.kh {
+        let Some(iy) = g.in_row(oy, ki) else { continue };
+        let irow = &x[(bi * g.h + iy) * g.w * ci..][..g.w * ci];
+        for (kj, &(off, lo, hi)) in cols.iter().enumerate() {
+            let wv = &wt[(ki * g.kw + kj) * co..][..co];
+            for ox in lo..hi {
+                let ix = (ox as isize * g.s as isize + off) as usize;
+                let ipx = &irow[ix * ci..][..ci];
+                let opx = &mut orow[ox * co..][..co];
+                if m == 1 {
+                    for ((o, &wc), &xv) in opx.iter_mut().zip(wv).zip(ipx) {
+                        *o += wc * xv;
+                    }
+                } else {
+                    for (oc, (o, &wc)) in opx.iter_mut().zip(wv).enumerate() {
+                        *o += wc * ipx[oc / m];
                     }
                 }
             }
         }
-        if act == DwActivation::GeluErf {
-            T::gelu_erf_row(orow);
-        }
-    });
-    out
+    }
+    if act == DwActivation::GeluErf {
+        T::gelu_erf_row(orow);
+    }
+}
+
+thread_local! {
+    /// Each worker's output row of [`depthwise_nhwc_q8`].
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`depthwise_conv2d_nhwc`] of f32 CPU tensors (`x` `[B, H, W, C]`, no gradient recorded), each
+/// output pixel's `Co` values rounded to 8 bits in Q8_0 blocks as it is computed
+/// ([`super::int8_gemm::quantize_rows`]' rounding) for an int8 product that follows: the bytes
+/// `[B·OH·OW, Co]` and the block scales `[B·OH·OW, Co/32]`, the f32 map never written out.
+/// `Ok(None)` where it does not run: other dtypes or devices, a gradient to record, or `Co` not
+/// whole blocks.
+pub fn depthwise_nhwc_q8(x: &Tensor, w: &Tensor, bias: &Tensor, act: DwActivation, cfg: DepthwiseConfig) -> candle_core::Result<Option<(Vec<u8>, Vec<f32>)>> {
+    use super::int8_gemm::{quantize_row_into, BLOCK};
+    let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !super::grad::records(t));
+    let &[b, h, wd, c] = x.dims() else {
+        candle_core::bail!("depthwise conv (NHWC): input must be [B, H, W, C], got {:?}", x.dims());
+    };
+    let g = Geom::new(&[b, c, h, wd], w.dims(), cfg)?;
+    let co = g.c_out();
+    if !runs || co % BLOCK != 0 {
+        return Ok(None);
+    }
+    if bias.dims() != [co] {
+        candle_core::bail!("depthwise conv: bias has shape {:?}, expected [{co}]", bias.dims());
+    }
+    let (x, w, bias) = (x.contiguous()?, w.contiguous()?.flatten_all()?.to_vec1::<f32>()?, bias.to_vec1::<f32>()?);
+    let wt = taps_major(&g, &w);
+    let cols = g.col_ranges();
+    let (row_len, pixels) = (g.ow * co, g.b * g.oh * g.ow);
+    let mut q = vec![0u8; pixels * co];
+    let mut d = vec![0f32; pixels * (co / BLOCK)];
+    if row_len == 0 {
+        return Ok(Some((q, d)));
+    }
+    let done = super::cpu_slice::with_contiguous(&x, |xs: &[f32]| {
+        q.par_chunks_mut(row_len).zip(d.par_chunks_mut(g.ow * (co / BLOCK))).enumerate().for_each(|(r, (q, d))| {
+            super::cpu_slice::with_scratch(&ROW, |row| {
+                row.resize(row_len, 0.0);
+                nhwc_fwd_row(&g, xs, &wt, &cols, &bias, act, r, row);
+                quantize_row_into(row, q, d);
+            })
+        })
+    })?;
+    Ok(done.map(|()| (q, d)))
 }
 
 /// `gx[b, iy, ix, c] = Σ_{mi, taps hitting (iy, ix)} w[c·m + mi, tap] · gz[b, oy, ox, c·m + mi]` (gather form).
@@ -901,6 +952,28 @@ impl CustomOp2 for DwNhwcBwd {
 mod tests {
     use super::*;
     use candle_core::Device;
+
+    /// The quantizing conv gives exactly the bytes and scales of the f32 conv's output rounded
+    /// afterwards, with and without GELU, stride or padding; it declines widths that are not
+    /// whole Q8_0 blocks.
+    #[test]
+    fn quantized_output_equals_the_f32_output_rounded() {
+        let dev = Device::Cpu;
+        for (b, h, w, c, stride, act) in [(2, 9, 7, 64, 1, DwActivation::GeluErf), (1, 10, 13, 32, 2, DwActivation::None)] {
+            let x = crate::nn::test_values::spread((b, h, w, c), 1, &dev);
+            let wt = crate::nn::test_values::spread((c, 1, 3, 3), 2, &dev);
+            let bias = crate::nn::test_values::spread(c, 3, &dev);
+            let cfg = DepthwiseConfig { stride, padding: 1, dilation: 1 };
+            let y = depthwise_conv2d_nhwc(&x, &wt, Some(&bias), act, cfg).unwrap();
+            let (_, oh, ow, _) = y.dims4().unwrap();
+            let want = crate::nn::int8_gemm::quantize_rows(&y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b * oh * ow, c);
+            let got = depthwise_nhwc_q8(&x, &wt, &bias, act, cfg).unwrap().expect("f32 CPU, whole blocks");
+            assert_eq!(got, want, "{b}×{h}×{w}×{c} stride {stride} {act:?}");
+        }
+        let narrow = Tensor::zeros((1, 4, 4, 48), DType::F32, &dev).unwrap();
+        let (wt, bias) = (Tensor::zeros((48, 1, 3, 3), DType::F32, &dev).unwrap(), Tensor::zeros(48, DType::F32, &dev).unwrap());
+        assert!(depthwise_nhwc_q8(&narrow, &wt, &bias, DwActivation::None, DepthwiseConfig { stride: 1, padding: 1, dilation: 1 }).unwrap().is_none());
+    }
 
     /// The GPU path (taps of shifted inputs) equals Candle's grouped conv, in both layouts, with
     /// padding and dilation; strides and channel multipliers are declined.

@@ -197,9 +197,28 @@ impl PackedQ8 {
         Ok(())
     }
 
+    /// `x Wᵀ + bias` for activations already rounded by [`quantize_rows`] (or row by row by
+    /// [`quantize_row_into`]): the bytes `qa` `[m, k]` and the block scales `da` `[m, k/32]`.
+    pub fn matmul_quantized(&self, qa: &[u8], da: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
+        let Some(kernel) = Kernel::detect() else { candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI or AVX-VNNI") };
+        if Some(qa.len()) != m.checked_mul(self.k) || Some(da.len()) != m.checked_mul(self.k / BLOCK) || bias.is_some_and(|b| b.len() != self.n) {
+            candle_core::bail!("int8 GEMM: {} bytes and {} scales for {m} rows of {}, bias of {:?} for {} outputs", qa.len(), da.len(), self.k, bias.map(<[f32]>::len), self.n);
+        }
+        let mut out: Vec<f32> = Vec::with_capacity(m * self.n);
+        self.quantized_product_into(kernel, qa, da, m, bias, &mut out.spare_capacity_mut()[..m * self.n]);
+        // SAFETY: the product wrote all m × n elements.
+        unsafe { out.set_len(m * self.n) };
+        Ok(out)
+    }
+
     /// Writes every element of `out` (`m × n`) with `kernel`, which runs here; the lengths are checked.
     fn product_into(&self, kernel: Kernel, x: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) {
         let (qa, da) = quantize_rows(x, m, self.k);
+        self.quantized_product_into(kernel, &qa, &da, m, bias, out);
+    }
+
+    /// [`Self::product_into`] for rounded activations (`qa` `[m, k]`, `da` `[m, k/32]`).
+    fn quantized_product_into(&self, kernel: Kernel, qa: &[u8], da: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) {
         let kb = self.k / BLOCK;
         let panels = self.n.div_ceil(PANEL);
         let chunks = m.div_ceil(TASK_ROWS);
@@ -255,17 +274,19 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
     let kb = k / BLOCK;
     let mut q = vec![0u8; m * k];
     let mut d = vec![0f32; m * kb];
-    #[cfg(target_arch = "x86_64")]
-    let avx512 = std::arch::is_x86_feature_detected!("avx512f");
-    q.par_chunks_mut(k).zip(d.par_chunks_mut(kb)).zip(x.par_chunks(k)).for_each(|((q, d), x)| {
-        #[cfg(target_arch = "x86_64")]
-        if avx512 {
-            // SAFETY: AVX-512F was detected above.
-            return unsafe { quantize_avx512::quantize_row(x, q, d) };
-        }
-        quantize_row(x, q, d)
-    });
+    q.par_chunks_mut(k).zip(d.par_chunks_mut(kb)).zip(x.par_chunks(k)).for_each(|((q, d), x)| quantize_row_into(x, q, d));
     (q, d)
+}
+
+/// [`quantize_rows`]' rounding of the values `x` (whole blocks of 32) into the bytes `q` (as long)
+/// and one scale per block in `d`.
+pub fn quantize_row_into(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F was detected.
+        return unsafe { quantize_avx512::quantize_row(x, q, d) };
+    }
+    quantize_row(x, q, d)
 }
 
 /// Adding it to a float of magnitude ≤ 2²² rounds that float to an integer (half to even) in the
@@ -626,5 +647,18 @@ mod tests {
         assert!(PackedQ8::from_q8_0(&bytes, 4, 48).is_none());
         assert!(PackedQ8::from_q8_0(&bytes, 8, 64).is_none());
         assert!(PackedQ8::from_q8_0(&bytes, usize::MAX, 64).is_none());
+        if !available() {
+            return;
+        }
+        // Pre-rounded activations multiply as the f32 ones do; lengths that disagree are errors.
+        let w = PackedQ8::from_q8_0(&bytes, 4, 64).unwrap();
+        let x: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+        let (q, d) = quantize_rows(&x, 3, 64);
+        assert_eq!(w.matmul_quantized(&q, &d, 3, None).unwrap(), w.matmul(&x, 3, None).unwrap());
+        assert!(w.matmul_quantized(&q[1..], &d, 3, None).is_err());
+        assert!(w.matmul_quantized(&q, &d[1..], 3, None).is_err());
+        assert!(w.matmul_quantized(&q, &d, 3, Some(&[0.0; 3])).is_err());
+        let mut out = vec![std::mem::MaybeUninit::new(0f32); 11];
+        assert!(w.matmul_into(&x, 3, None, &mut out).is_err());
     }
 }

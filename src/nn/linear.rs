@@ -390,6 +390,16 @@ impl Linear {
         Ok(packed.map(|p| Linear { weight: Weight::Int8(std::sync::Arc::new(p)), bias, out_dim }))
     }
 
+    /// `[rows, out]` from activations already rounded to 8 bits in Q8_0 blocks (`q` `[rows, in]`,
+    /// `d` `[rows, in/32]`, [`int8_gemm::quantize_rows`]' rounding), on the CPU, where the weight
+    /// runs the int8 GEMM and the bias does not train; `None` otherwise.
+    pub fn forward_quantized(&self, q: &[u8], d: &[f32], rows: usize) -> candle_core::Result<Option<Tensor>> {
+        let Weight::Int8(packed) = &self.weight else { return Ok(None) };
+        let Some(bias) = frozen_bias(self.bias.as_ref())? else { return Ok(None) };
+        let y = packed.matmul_quantized(q, d, rows, bias.as_deref())?;
+        Ok(Some(Tensor::from_vec(y, (rows, packed.n()), &candle_core::Device::Cpu)?))
+    }
+
     /// Whether the product runs through the int8 GEMM (its activations rounded to 8 bits).
     pub fn runs_int8(&self) -> bool {
         matches!(self.weight, Weight::Int8(_))

@@ -25,7 +25,7 @@ use crate::config_check::{Section, MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_LAYERS, 
 use crate::error::{Error, Result};
 use crate::profile::Span;
 use crate::models::{Model, NamedTensors};
-use crate::nn::depthwise::{depthwise_conv2d_nhwc, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
+use crate::nn::depthwise::{depthwise_conv2d_nhwc, depthwise_nhwc_q8, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
 use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
 use crate::weights::{StoredDType, Vb};
@@ -403,6 +403,15 @@ impl MixFfn {
                 let (b, n, c) = y.dims3()?;
                 let (dw_act, fused) = if self.act == Act::GeluErf { (DwActivation::GeluErf, true) } else { (DwActivation::None, false) };
                 let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
+                // An int8 `dense2` (a Q8_0 file's) takes the conv's pixels rounded to 8 bits as
+                // they are computed: the f32 map is never written out and read back.
+                if let (true, Some(bias)) = (fused && self.fc2.runs_int8(), self.dwconv.bias()) {
+                    if let Some((q, d)) = depthwise_nhwc_q8(&y.reshape((b, h, w, c))?, self.dwconv.weight(), bias, dw_act, cfg)? {
+                        if let Some(z) = self.fc2.forward_quantized(&q, &d, b * n)? {
+                            return z.reshape((b, n, ()));
+                        }
+                    }
+                }
                 let z = depthwise_conv2d_nhwc(&y.reshape((b, h, w, c))?, self.dwconv.weight(), self.dwconv.bias(), dw_act, cfg)?
                     .reshape((b, n, c))?;
                 let z = if fused { z } else { self.activate(z)? };
