@@ -59,7 +59,9 @@ pub(crate) fn kernel_ok(t: &Tensor) -> bool {
     t.device().is_cpu() && matches!(t.dtype(), DType::F32 | DType::F64)
 }
 
-/// Runs `f(row_in, row_out)` over `rows` rows, split across candle's CPU threads.
+/// Runs `f(row_in, row_out)` over `rows` rows, split into one block per rayon thread. (Blocks on
+/// threads spawned per call cost a thread creation each: ~1,150 per L-GATr top-tagging forward,
+/// 2.3 % of its time in the kernel's `clone3` alone.)
 pub(crate) fn par_rows<T: Field>(
     src: &[T],
     rows: usize,
@@ -73,17 +75,13 @@ pub(crate) fn par_rows<T: Field>(
             f(ri, ro);
         }
     };
-    let threads = candle_core::utils::get_num_threads().max(1);
+    let threads = rayon::current_num_threads().max(1);
     let per = rows.div_ceil(threads).max(PAR_GRAIN.div_ceil(w_in.max(1)));
-    if threads == 1 || rows <= per || w_in == 0 {
+    if threads == 1 || rows <= per || w_in == 0 || w_out == 0 {
         work(src, &mut dst);
     } else {
-        std::thread::scope(|scope| {
-            for (s, d) in src.chunks(per * w_in).zip(dst.chunks_mut(per * w_out)) {
-                let work = &work;
-                scope.spawn(move || work(s, d));
-            }
-        });
+        use rayon::prelude::*;
+        src.par_chunks(per * w_in).zip(dst.par_chunks_mut(per * w_out)).for_each(|(s, d)| work(s, d));
     }
     dst
 }
