@@ -110,35 +110,34 @@ fn recipe_file_errors_name_the_file() {
     assert!(e.contains("bad.toml") && e.contains("float"), "{e}");
 }
 
-#[test]
-fn segformer_gguf_with_scalar_tensors_runs() {
-    // SegFormer checkpoints carry a rank-0 `num_batches_tracked`; GGUF stores it as [1].
-    let dir = fixture("segformer_uneven");
+/// `fixture` quantized to `qtype` by the built-in SegFormer recipe, run against its expected
+/// logits within `rel`; `check` sees the written store first.
+fn segformer_gguf_within(fixture_name: &str, qtype: GgmlDType, rel: f32, check: impl Fn(&WeightStore)) {
+    let dir = fixture(fixture_name);
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("seg.gguf");
     let recipe = Recipe::builtin("segformer").unwrap().expect("segformer recipe ships");
-    quantize(&dir, &out, GgmlDType::F16, &recipe, |_| {}).unwrap();
+    quantize(&dir, &out, qtype, &recipe, |_| {}).unwrap();
+    check(&WeightStore::open(&out).unwrap());
     let model = load_model(&out, DType::F32);
-    let inputs = tensors(&dir, "input.safetensors");
+    let got = model.forward_named(&tensors(&dir, "input.safetensors")).unwrap();
     let expected = tensors(&dir, "expected.safetensors");
-    let got = model.forward_named(&inputs).unwrap();
-    assert_close("segformer f16 GGUF", &got["logits"], &expected["logits"], 1e-2);
+    assert_close(&format!("{fixture_name} {qtype:?} GGUF"), &got["logits"], &expected["logits"], rel);
+}
+
+#[test]
+fn segformer_gguf_with_scalar_tensors_runs() {
+    // SegFormer checkpoints carry a rank-0 `num_batches_tracked`; GGUF stores it as [1].
+    segformer_gguf_within("segformer_uneven", GgmlDType::F16, 1e-2, |_| {});
 }
 
 #[test]
 fn segformer_q8_0_gguf_within_bound() {
-    // segformer_tiny's third stage is 32 wide: its linears and its sequence-reduction conv (2·2·32
-    // values a patch) run the int8 GEMM where the CPU has one; the narrower stages keep f32.
-    let dir = fixture("segformer_tiny");
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("seg.gguf");
-    let recipe = Recipe::builtin("segformer").unwrap().expect("segformer recipe ships");
-    quantize(&dir, &out, GgmlDType::Q8_0, &recipe, |_| {}).unwrap();
-    let store = WeightStore::open(&out).unwrap();
-    assert_eq!(store.entries()["segformer.encoder.block.2.0.attention.self.query.weight"].dtype, StoredDType::Ggml(GgmlDType::Q8_0));
-    let model = load_model(&out, DType::F32);
-    let inputs = tensors(&dir, "input.safetensors");
-    let expected = tensors(&dir, "expected.safetensors");
-    let got = model.forward_named(&inputs).unwrap();
-    assert_close("segformer Q8_0 GGUF", &got["logits"], &expected["logits"], 3e-2);
+    // segformer_tiny's third stage is 32 wide: its linears, its sequence-reduction conv (2·2·32
+    // values a patch) and its Mix-FFN's second linear run the int8 GEMM where the CPU has one;
+    // the narrower stages keep f32.
+    segformer_gguf_within("segformer_tiny", GgmlDType::Q8_0, 3e-2, |store| {
+        let query = &store.entries()["segformer.encoder.block.2.0.attention.self.query.weight"];
+        assert_eq!(query.dtype, StoredDType::Ggml(GgmlDType::Q8_0));
+    });
 }
