@@ -43,22 +43,12 @@ pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<
     if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || super::grad::records(t)) {
         return Ok(None);
     }
-    let (b, n, c) = x.dims3()?;
-    let (o, wc, kh, kw) = weight.dims4()?;
-    if h.checked_mul(w) != Some(n) || wc != c || (kh, kw) != window.kernel {
-        candle_core::bail!("conv2d: tokens {:?} of a {h}×{w} map, weight {:?}, kernel {:?}", x.dims(), weight.dims(), window.kernel);
-    }
-    let Some((oh, ow)) = window.output(h, w) else {
-        candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{w} input padded by {}", window.pad);
-    };
+    let (o, c, kh, kw) = weight.dims4()?;
+    let (b, shape) = Shape::checked(x, (h, w), (o, c, (kh, kw)), window)?;
+    let (oh, ow) = (shape.oh, shape.ow);
     // [O, kh, kw, C]: row k of the weight matches the columns' order (ky, kx, channel).
     let weight = weight.permute((0, 2, 3, 1))?;
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
-    let sizes = [oh, ow, o, kh, kw, c];
-    if sizes.iter().try_fold(b, |acc, &v| acc.checked_mul(v)).is_none() {
-        candle_core::bail!("conv2d: a {oh}×{ow}×{o} output of {kh}×{kw}×{c} patches for {b} images overflows");
-    }
-    let shape = Shape { h, w, c, o, oh, ow, window };
     let out = with_contiguous(&weight, |ws: &[f32]| with_contiguous(x, |xs: &[f32]| shape.run(b, xs, ws, bias.as_deref())))?.transpose()?.flatten();
     let Some(out) = out else { return Ok(None) };
     Ok(Some((Tensor::from_vec(out, (b, oh * ow, o), x.device())?, (oh, ow))))
@@ -96,21 +86,11 @@ pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias
     if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || super::grad::records(t)) {
         return Ok(None);
     }
-    let (b, n, c) = x.dims3()?;
     let (o, k) = (weight.packed.n(), weight.packed.k());
-    if h.checked_mul(w) != Some(n) || weight.channels != c || weight.kernel != window.kernel {
-        candle_core::bail!("conv2d: tokens {:?} of a {h}×{w} map, a {:?} kernel over {} channels, window {:?}", x.dims(), weight.kernel, weight.channels, window.kernel);
-    }
-    let Some((oh, ow)) = window.output(h, w) else {
-        candle_core::bail!("conv2d: a {:?} kernel does not fit a {h}×{w} input padded by {}", window.kernel, window.pad);
-    };
+    let (b, shape) = Shape::checked(x, (h, w), (o, weight.channels, weight.kernel), window)?;
+    let (c, oh, ow) = (shape.c, shape.oh, shape.ow);
     let pixels = oh * ow;
-    let total = [pixels, o.max(k)].iter().try_fold(b, |acc, &v| acc.checked_mul(v));
-    if total.is_none() {
-        candle_core::bail!("conv2d: a {oh}×{ow}×{o} output of {k}-value patches for {b} images overflows");
-    }
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
-    let shape = Shape { h, w, c, o, oh, ow, window };
     let per_product = (INT8_COLUMN_FLOATS / k.max(1)).max(1);
     let mut out: Vec<f32> = Vec::with_capacity(b * pixels * o);
     let wrote = with_contiguous(x, |xs: &[f32]| {
@@ -155,6 +135,24 @@ struct Shape {
 }
 
 impl Shape {
+    /// The sizes of `x` (tokens `[B, h·w, C]`) convolved by an `[O, C, kh, kw]` weight through
+    /// `window`, and `B`: an error where they disagree, the kernel does not fit, or the output or
+    /// the columns would overflow.
+    fn checked(x: &Tensor, (h, w): (usize, usize), (o, wc, kernel): (usize, usize, (usize, usize)), window: Window) -> Result<(usize, Shape)> {
+        let (b, n, c) = x.dims3()?;
+        if h.checked_mul(w) != Some(n) || wc != c || kernel != window.kernel {
+            candle_core::bail!("conv2d: tokens {:?} of a {h}×{w} map, a {kernel:?} kernel over {wc} channels, window {:?}", x.dims(), window.kernel);
+        }
+        let Some((oh, ow)) = window.output(h, w) else {
+            candle_core::bail!("conv2d: a {kernel:?} kernel does not fit a {h}×{w} input padded by {}", window.pad);
+        };
+        let sizes = [oh, ow, o, kernel.0, kernel.1, c];
+        if sizes.iter().try_fold(b, |acc, &v| acc.checked_mul(v)).is_none() {
+            candle_core::bail!("conv2d: a {oh}×{ow}×{o} output of {kernel:?}×{c} patches for {b} images overflows");
+        }
+        Ok((b, Shape { h, w, c, o, oh, ow, window }))
+    }
+
     /// Floats in one pixel's patch (one row of the columns).
     fn taps(&self) -> usize {
         self.window.kernel.0 * self.window.kernel.1 * self.c

@@ -344,12 +344,15 @@ impl Attention {
         let v = self.heads(&self.value.forward(&kv)?)?;
         let scale = (self.head_dim as f64).powf(-0.5);
         // Projections that round their activations to 8 bits (a Q8_0 file's) take int8 products here too.
-        if self.query.runs_int8() && crate::nn::int8_attention::applies(&q, &k, &v) {
-            let o = crate::nn::int8_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
-            return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
-        }
-        if crate::nn::fused_attention::applies(&q, &k, &v) {
-            let o = crate::nn::fused_attention::attention(&q, &k, &v, scale as f32).map_err(candle_core::Error::wrap)?;
+        let fused = if self.query.runs_int8() && crate::nn::int8_attention::applies(&q, &k, &v) {
+            Some(crate::nn::int8_attention::attention(&q, &k, &v, scale as f32))
+        } else if crate::nn::fused_attention::applies(&q, &k, &v) {
+            Some(crate::nn::fused_attention::attention(&q, &k, &v, scale as f32))
+        } else {
+            None
+        };
+        if let Some(o) = fused {
+            let o = o.map_err(candle_core::Error::wrap)?;
             return self.out.forward(&o.transpose(1, 2)?.reshape((b, n, self.heads * self.head_dim))?);
         }
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
@@ -405,7 +408,7 @@ impl MixFfn {
                 let cfg = DepthwiseConfig { stride: 1, padding: 1, dilation: 1 };
                 // An int8 `dense2` (a Q8_0 file's) takes the conv's pixels rounded to 8 bits as
                 // they are computed: the f32 map is never written out and read back.
-                if let (true, Some(bias)) = (fused && self.fc2.runs_int8(), self.dwconv.bias()) {
+                if let Some(bias) = self.dwconv.bias().filter(|_| fused && self.fc2.runs_int8()) {
                     if let Some((q, d)) = depthwise_nhwc_q8(&y.reshape((b, h, w, c))?, self.dwconv.weight(), bias, dw_act, cfg)? {
                         if let Some(z) = self.fc2.forward_quantized(&q, &d, b * n)? {
                             return z.reshape((b, n, ()));
