@@ -7,9 +7,10 @@
 //! 3×3 → ReLU → 1×1 to the bins); then [`FeaturesToDepth`] (`chmv2_mixlog` for the hub checkpoint).
 use candle_core::{DType, Module, Tensor, D};
 use crate::nn::conv::Conv2d;
+use crate::profile::Span;
 use serde::Deserialize;
 
-use super::chmv2_heights::{mixlog_heights, MixLog};
+use super::chmv2_heights::{mixlog_heights, mixlog_heights_from_hidden, MixLog};
 use super::{Model, NamedTensors};
 use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
@@ -149,6 +150,8 @@ pub struct FeaturesToDepth {
 const MIXLOG_MAX_CLAMP: f64 = 1e-4;
 const MIXLOG_EPS_SHIFT: f64 = 1e-8;
 const MIXLOG_EPS: f64 = 1e-12;
+/// Those constants for the fused f32 pass.
+const MIXLOG: MixLog = MixLog { max_clamp: MIXLOG_MAX_CLAMP as f32, eps_shift: MIXLOG_EPS_SHIFT as f32, eps: MIXLOG_EPS as f32, scale: 8.0 };
 
 impl FeaturesToDepth {
     /// Parses the strategies; unknown names are a config error.
@@ -191,6 +194,22 @@ impl FeaturesToDepth {
         }
     }
 
+    /// [`FeaturesToDepth::forward`] of `conv(hidden)` for a 1×1 `conv`, without storing the
+    /// logits, and per item whether a logit was not finite: `None` unless the normalisation is
+    /// `chmv2_mixlog` over several bins and `hidden` is an f32 CPU map (see
+    /// [`mixlog_heights_from_hidden`]).
+    fn forward_from_hidden(&self, hidden: &Tensor, conv: &Conv2d) -> Result<Option<(Tensor, Vec<bool>)>> {
+        let n = conv.weight().dim(0)?;
+        if self.norm != NormStrategy::MixLog || n < 2 {
+            return Ok(None);
+        }
+        let plain = conv.config().padding == 0 && conv.config().stride == 1 && conv.config().groups == 1;
+        if !plain {
+            return Ok(None);
+        }
+        mixlog_heights_from_hidden(hidden, conv.weight(), conv.bias(), &self.bins(n), &MIXLOG)
+    }
+
     /// Heights `[B, H, W]` (f32) from bin logits `[B, n, H, W]` (any float dtype).
     pub fn forward(&self, logits: &Tensor) -> Result<Tensor> {
         // f32 (f64 stays f64, for gradient checks).
@@ -201,8 +220,7 @@ impl FeaturesToDepth {
             return Ok((x.relu()? + self.min_depth)?.squeeze(1)?);
         }
         if self.norm == NormStrategy::MixLog {
-            let c = MixLog { max_clamp: MIXLOG_MAX_CLAMP as f32, eps_shift: MIXLOG_EPS_SHIFT as f32, eps: MIXLOG_EPS as f32, scale: 8.0 };
-            if let Some(heights) = mixlog_heights(&x, &self.bins(n), &c)? {
+            if let Some(heights) = mixlog_heights(&x, &self.bins(n), &MIXLOG)? {
                 return Ok(heights);
             }
         }
@@ -249,11 +267,11 @@ struct ConvDepth {
 }
 
 impl ConvDepth {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// The map before the last 1×1 conv: 3×3 → bilinear ×2 → 3×3 → ReLU.
+    fn hidden(&self, x: &Tensor) -> Result<Tensor> {
         let x = self.conv0.forward(x)?;
         let (_, _, h, w) = x.dims4()?;
-        let x = self.conv2.forward_upsampled(&x, (2 * h, 2 * w), true, true)?;
-        Ok(self.conv4.forward(&x)?)
+        Ok(self.conv2.forward_upsampled(&x, (2 * h, 2 * w), true, true)?)
     }
 }
 
@@ -378,12 +396,19 @@ impl Chmv2 {
 
     /// Backbone features of `pixel_values` (what the head reads; cacheable when the backbone is frozen).
     pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<Dinov3Features> {
+        let _span = Span::new("chmv2.backbone");
         self.backbone.forward_features(&pixel_values.to_dtype(self.precision.backbone)?)
     }
 
     /// The DPT head on backbone features → bin logits `[B, bins, H', W']`.
     pub fn decode_logits(&self, feats: &Dinov3Features) -> Result<Tensor> {
+        Ok(self.conv_depth.conv4.forward(&self.decode_hidden(feats)?)?)
+    }
+
+    /// The DPT head up to its last 1×1 conv: the hidden map `[B, head_hidden_size, H', W']`.
+    fn decode_hidden(&self, feats: &Dinov3Features) -> Result<Tensor> {
         let hd = self.precision.head;
+        let span = Span::new("chmv2.reassemble");
         let mut levels = Vec::with_capacity(feats.maps.len());
         for (i, map) in feats.maps.iter().enumerate() {
             let map = &map.to_dtype(hd)?;
@@ -401,9 +426,13 @@ impl Chmv2 {
             };
             levels.push(self.convs[i].forward(&self.reassemble[i].forward(&x)?)?);
         }
+        drop(span);
+        let span = Span::new("chmv2.fusion");
         let fused = self.fusion.forward(&levels)?;
+        drop(span);
         let last = fused.last().ok_or_else(|| Error::Config("no fusion levels".into()))?;
-        self.conv_depth.forward(last)
+        let _span = Span::new("chmv2.head");
+        self.conv_depth.hidden(last)
     }
 
     /// `pixel_values` `[B, 3, H, W]` → bin logits `[B, bins, H', W']` (H' = 2^(levels+1)·⌈coarsest⌉,
@@ -416,21 +445,45 @@ impl Chmv2 {
     /// finite (`backbone`, `head`). The check matters: Candle's ReLU maps NaN to 0, so a NaN inside
     /// the head would otherwise come out as plausible-looking uniform-bin heights.
     pub fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
+        let (hidden, mut bad) = self.hidden_checked(pixel_values)?;
+        let logits = self.conv_depth.conv4.forward(&hidden)?;
+        flag_non_finite(&logits, "head", &mut bad)?;
+        Ok((logits, bad))
+    }
+
+    /// The head's hidden map before its last 1×1 conv, and the items whose backbone output was
+    /// not finite.
+    fn hidden_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
         let feats = self.backbone_features(pixel_values)?;
         let mut bad = vec![None; pixel_values.dim(0)?];
         for t in feats.maps.iter().chain(&feats.cls) {
             flag_non_finite(t, "backbone", &mut bad)?;
         }
-        let logits = self.decode_logits(&feats)?;
-        flag_non_finite(&logits, "head", &mut bad)?;
-        Ok((logits, bad))
+        Ok((self.decode_hidden(&feats)?, bad))
     }
 
     /// Heights `[B, H', W']` (f32) and, per batch item, the first stage that was not finite
-    /// (`backbone`, `head`, `bins`); such items must not be used.
+    /// (`backbone`, `head`, `bins`); such items must not be used. In f32 on the CPU with the
+    /// `chmv2_mixlog` normalisation, the last 1×1 conv and the bins run band by band and the
+    /// logits are never stored.
     pub fn forward_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
-        let (logits, mut bad) = self.head_logits_checked(pixel_values)?;
-        let depth = self.to_depth.forward(&logits)?;
+        let (hidden, mut bad) = self.hidden_checked(pixel_values)?;
+        let _span = Span::new("chmv2.logits+bins");
+        let depth = match self.to_depth.forward_from_hidden(&hidden, &self.conv_depth.conv4)? {
+            Some((depth, head_bad)) => {
+                for (b, non_finite) in bad.iter_mut().zip(head_bad) {
+                    if b.is_none() && non_finite {
+                        *b = Some("head");
+                    }
+                }
+                depth
+            }
+            None => {
+                let logits = self.conv_depth.conv4.forward(&hidden)?;
+                flag_non_finite(&logits, "head", &mut bad)?;
+                self.to_depth.forward(&logits)?
+            }
+        };
         flag_non_finite(&depth, "bins", &mut bad)?;
         Ok((depth, bad))
     }

@@ -1,6 +1,9 @@
 //! CHMv2's `chmv2_mixlog` normalisation (bin logits → heights) for f32 on the CPU in one fused
 //! pass: Candle's ops made ~10 passes over the `[B, 256, H, W]` logits (177 MB at 416²) and
-//! reduced over the strided bin dimension, ~5–7 % of a CHMv2 forward.
+//! reduced over the strided bin dimension, ~5–7 % of a CHMv2 forward. [`mixlog_heights_from_hidden`]
+//! also folds in the head's last 1×1 conv, so the logits are never stored at all.
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -51,6 +54,79 @@ pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Opt
     })
 }
 
+/// Heights `[B, H, W]` from the head's last hidden map `hidden` `[B, k, H, W]` through its final
+/// 1×1 conv (`weight` `[n, k, 1, 1]`, `bias` `[n]`) and the normalisation, and per item whether
+/// a logit was not finite. Band by band: a band's `[n, PIXELS]` logits are made in L2 by a GEMM
+/// and reduced there, so the `[B, n, H, W]` logits (177 MB at 416²) are never written, checked
+/// and read back. `None` where [`mixlog_heights`] would decline, or the conv is not a 1×1 from
+/// `k` to `n = bins.len()` channels in f32.
+pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
+    let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op();
+    if !f32_cpu(hidden) || !f32_cpu(weight) || bias.is_some_and(|b| !f32_cpu(b)) {
+        return Ok(None);
+    }
+    let (b, k, h, w) = hidden.dims4()?;
+    let (n, wk, kh, kw) = weight.dims4()?;
+    if wk != k || (kh, kw) != (1, 1) || n != bins.len() || n == 0 || k == 0 {
+        return Ok(None);
+    }
+    let bias = match bias {
+        Some(t) if t.dims() == [n] => t.to_vec1::<f32>()?,
+        Some(_) => return Ok(None),
+        None => vec![0.0; n],
+    };
+    let hw = h * w;
+    let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
+    let bad: Vec<AtomicBool> = (0..b).map(|_| AtomicBool::new(false)).collect();
+    let band = |item: usize, x: &[f32], ws: &[f32], p0: usize, out: &mut [f32]| {
+        let len = out.len();
+        crate::nn::cpu_slice::with_scratch(&LOGITS, |logits| {
+            logits.resize(n * PIXELS, 0.0);
+            for (row, &v) in logits.chunks_exact_mut(PIXELS).zip(&bias) {
+                row[..len].fill(v);
+            }
+            // SAFETY: `logits` holds n rows of PIXELS ≥ len; `ws` is `[n, k]`; `x` is the item's
+            // `[k, hw]` and its columns p0 .. p0 + len lie inside each row.
+            unsafe {
+                gemm::gemm(
+                    n, len, k,
+                    logits.as_mut_ptr(), 1, PIXELS as isize, true,
+                    ws.as_ptr(), 1, k as isize,
+                    x.as_ptr().add(p0), 1, hw as isize,
+                    1.0, 1.0, false, false, false, gemm::Parallelism::None,
+                );
+            }
+            let non_finite = logits.chunks_exact(PIXELS).fold(false, |any, row| row[..len].iter().fold(any, |any, v| any | !v.is_finite()));
+            if non_finite {
+                bad[item].store(true, Ordering::Relaxed);
+            }
+            pixels(logits, PIXELS, 0, out, &bins, c);
+        });
+    };
+    let out = crate::nn::cpu_slice::with_contiguous(weight, |ws: &[f32]| {
+        crate::nn::cpu_slice::with_contiguous(hidden, |xs: &[f32]| {
+            let mut out = vec![0f32; b * hw];
+            if hw > 0 {
+                out.par_chunks_mut(hw).zip(xs.par_chunks(k * hw)).enumerate().for_each(|(item, (item_out, x))| {
+                    item_out.par_chunks_mut(PIXELS).enumerate().for_each(|(block, o)| band(item, x, ws, block * PIXELS, o));
+                });
+            }
+            out
+        })
+    })?
+    .transpose()?
+    .flatten();
+    Ok(match out {
+        Some(out) => Some((Tensor::from_vec(out, (b, h, w), hidden.device())?, bad.iter().map(|f| f.load(Ordering::Relaxed)).collect())),
+        None => None,
+    })
+}
+
+thread_local! {
+    /// Each worker's `[n, PIXELS]` band of logits, reused across bands.
+    static LOGITS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The heights of pixels `p0 .. p0 + out.len()` of one item (`x`: `n` planes of `hw` pixels).
 fn pixels(x: &[f32], hw: usize, p0: usize, out: &mut [f32], bins: &[f32], c: &MixLog) {
     let len = out.len();
@@ -83,5 +159,52 @@ fn pixels(x: &[f32], hw: usize, p0: usize, out: &mut [f32], bins: &[f32], c: &Mi
     }
     for o in out.iter_mut() {
         *o = o.max(c.eps) * c.scale;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.flatten_all().unwrap().to_vec1().unwrap()
+    }
+
+    /// The band-by-band pass equals Candle's 1×1 conv then [`mixlog_heights`] over two items of
+    /// three bands each (the last one short); a NaN in one item's hidden map flags that item only
+    /// and leaves the other's heights as they were; other shapes and dtypes are declined.
+    #[test]
+    fn the_fused_conv_and_heights_match_logits_then_heights() {
+        let dev = Device::Cpu;
+        let (b, k, n, h, w) = (2, 5, 7, 19, 31);
+        let hidden = Tensor::randn(0f32, 1.0, (b, k, h, w), &dev).unwrap().relu().unwrap();
+        let weight = Tensor::randn(0f32, 1.0, (n, k, 1, 1), &dev).unwrap();
+        let bias = Tensor::randn(0f32, 1.0, n, &dev).unwrap();
+        let bins: Vec<f32> = (0..n).map(|i| 0.5 + 3.0 * i as f32).collect();
+        let c = MixLog { max_clamp: 1e4, eps_shift: 1e-8, eps: 1e-12, scale: 8.0 };
+        let logits = hidden.conv2d(&weight, 0, 1, 1, 1).unwrap().broadcast_add(&bias.reshape((1, n, 1, 1)).unwrap()).unwrap();
+        let want = values(&mixlog_heights(&logits, &bins, &c).unwrap().unwrap());
+        let (got, bad) = mixlog_heights_from_hidden(&hidden, &weight, Some(&bias), &bins, &c).unwrap().unwrap();
+        assert_eq!(got.dims(), [b, h, w]);
+        assert_eq!(bad, [false, false]);
+        let got = values(&got);
+        let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+        let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
+        assert!(err <= 1e-5 * scale, "max abs error {err} (max |ref| {scale})");
+        assert!(want.iter().any(|&v| (v - want[0]).abs() > 1e-3), "the heights must vary");
+
+        let mut poisoned = values(&hidden);
+        poisoned[k * h * w + 300] = f32::NAN;
+        let poisoned = Tensor::from_vec(poisoned, (b, k, h, w), &dev).unwrap();
+        let (again, bad) = mixlog_heights_from_hidden(&poisoned, &weight, Some(&bias), &bins, &c).unwrap().unwrap();
+        assert_eq!(bad, [false, true]);
+        assert_eq!(values(&again)[..h * w], got[..h * w]);
+
+        let declined = |hidden: &Tensor, weight: &Tensor, bins: &[f32]| mixlog_heights_from_hidden(hidden, weight, None, bins, &c).unwrap().is_none();
+        assert!(declined(&hidden, &weight, &bins[1..]));
+        assert!(declined(&hidden, &Tensor::zeros((n, k, 3, 3), DType::F32, &dev).unwrap(), &bins));
+        assert!(declined(&hidden, &Tensor::zeros((n, k + 1, 1, 1), DType::F32, &dev).unwrap(), &bins));
+        assert!(declined(&hidden.to_dtype(DType::F64).unwrap(), &weight, &bins));
     }
 }
