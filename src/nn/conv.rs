@@ -258,6 +258,7 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
         candle_core::bail!("conv2d: a {kh}×{kw} kernel does not fit a {h}×{wd} input padded by {pad}");
     };
     let k = c * kh * kw;
+    let pointwise = (kh, kw, stride, pad) == (1, 1, 1, 0);
     let bias = bias.map(|b| b.to_vec1::<f32>()).transpose()?;
     let rows = (STRIPE_WORKING_SET / ((k + o) * ow).max(1)).max(MIN_STRIPE_PIXELS.div_ceil(ow.max(1))).clamp(1, oh.max(1));
     let stripes = oh.div_ceil(rows);
@@ -268,6 +269,33 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
             let dst = super::cpu_slice::SharedOut(dst.as_mut_ptr());
             let run = |si: usize, par: gemm::Parallelism| {
                 let (y0, n) = (si * rows, rows.min(oh - si * rows) * ow);
+                // The weight times the `k × n` columns at `rhs` (row stride `rhs_rs`), into the stripe.
+                let multiply = |rhs: *const f32, rhs_rs: isize| {
+                    // SAFETY: lhs is the `o × k` weight, rhs the caller's `k × n` columns; dst
+                    // addresses output rows y0.. of each of the o channel planes (row stride
+                    // oh·ow, n = rows·ow elements each), which no other stripe writes. With a
+                    // bias, those rows start as the bias and the GEMM adds to them.
+                    unsafe {
+                        if let Some(bias) = &bias {
+                            for (co, &v) in bias.iter().enumerate() {
+                                std::slice::from_raw_parts_mut(dst.at(co * oh * ow + y0 * ow), n).fill(v);
+                            }
+                        }
+                        gemm::gemm(
+                            o, n, k,
+                            dst.at(y0 * ow), 1, (oh * ow) as isize, bias.is_some(),
+                            weight.as_ptr(), 1, k as isize,
+                            rhs, 1, rhs_rs,
+                            1.0, 1.0, false, false, false, par,
+                        );
+                    }
+                };
+                if pointwise {
+                    // A 1×1, stride-1, unpadded conv's columns are the input planes themselves:
+                    // pixels y0·ow .. + n of each of the c planes (stride h·w).
+                    multiply(img[y0 * ow..].as_ptr(), (h * wd) as isize);
+                    return;
+                }
                 super::cpu_slice::with_scratch(&COLUMNS, |cols| {
                     cols.clear();
                     cols.resize(k * n, 0.0);
@@ -302,24 +330,7 @@ fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, s
                     } else {
                         cols.par_chunks_exact_mut(n).enumerate().for_each(fill);
                     }
-                    // SAFETY: lhs is the `o × k` weight, rhs the `k × n` columns; dst addresses output
-                    // rows y0.. of each of the o channel planes (row stride oh·ow, n = rows·ow
-                    // elements each), which no other stripe writes. With a bias, those rows start
-                    // as the bias and the GEMM adds to them.
-                    unsafe {
-                        if let Some(bias) = &bias {
-                            for (co, &v) in bias.iter().enumerate() {
-                                std::slice::from_raw_parts_mut(dst.at(co * oh * ow + y0 * ow), n).fill(v);
-                            }
-                        }
-                        gemm::gemm(
-                            o, n, k,
-                            dst.at(y0 * ow), 1, (oh * ow) as isize, bias.is_some(),
-                            weight.as_ptr(), 1, k as isize,
-                            cols.as_ptr(), 1, n as isize,
-                            1.0, 1.0, false, false, false, par,
-                        );
-                    }
+                    multiply(cols.as_ptr(), n as isize);
                 });
             };
             if stripes >= 2 * threads {
@@ -408,20 +419,24 @@ mod tests {
     }
 
     /// The image-to-columns GEMM itself (the path of CPUs without AVX2, of 1×1 and of long
-    /// strided convs), strides 1 to 4, against Candle's conv.
+    /// strided convs), strides 1 to 4, with and without a bias, against Candle's conv; unpadded
+    /// stride-1 1×1 convs (which read the input planes in place) over one stripe and several.
     #[test]
     fn the_stripe_gemm_equals_candles_conv_at_every_stride() {
         let dev = Device::Cpu;
-        for (c, o, k, pad, stride, h, w) in [(3, 5, 3, 1, 1, 7, 9), (3, 4, 5, 2, 1, 4, 11), (4, 6, 3, 1, 2, 9, 10), (2, 3, 3, 0, 2, 7, 8), (3, 2, 7, 3, 4, 17, 13), (5, 4, 2, 0, 2, 6, 6), (2, 2, 3, 1, 3, 1, 1)] {
+        let shapes = [(3, 5, 3, 1, 1, 7, 9), (3, 4, 5, 2, 1, 4, 11), (4, 6, 3, 1, 2, 9, 10), (2, 3, 3, 0, 2, 7, 8), (3, 2, 7, 3, 4, 17, 13), (5, 4, 2, 0, 2, 6, 6), (2, 2, 3, 1, 3, 1, 1), (3, 4, 1, 0, 1, 6, 7), (3, 4, 1, 0, 1, 300, 301), (3, 4, 1, 1, 1, 6, 7), (3, 4, 1, 0, 2, 9, 9)];
+        for (c, o, k, pad, stride, h, w) in shapes {
             let x = Tensor::randn(0f32, 1.0, (2, c, h, w), &dev).unwrap();
             let wt = Tensor::randn(0f32, 1.0, (o, c, k, k), &dev).unwrap();
             let b = Tensor::randn(0f32, 1.0, o, &dev).unwrap();
-            let conv = Conv2d::new(wt.clone(), Some(b.clone()), Conv2dConfig { padding: pad, stride, ..Default::default() });
-            let (fast, want) = (stripe_gemm_conv(&x, &wt, Some(&b), pad, stride).unwrap(), conv.forward_candle(&x).unwrap());
-            assert_eq!(fast.dims(), want.dims(), "c{c} o{o} k{k} p{pad} s{stride}");
-            let err = (fast - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
-            assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} s{stride} {h}×{w}: {err}");
+            for bias in [Some(&b), None] {
+                let conv = Conv2d::new(wt.clone(), bias.cloned(), Conv2dConfig { padding: pad, stride, ..Default::default() });
+                let (fast, want) = (stripe_gemm_conv(&x, &wt, bias, pad, stride).unwrap(), conv.forward_candle(&x).unwrap());
+                assert_eq!(fast.dims(), want.dims(), "c{c} o{o} k{k} p{pad} s{stride}");
+                let err = (fast - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
+                assert!(err <= 1e-5 * scale, "c{c} o{o} k{k} p{pad} s{stride} {h}×{w} bias {}: {err}", bias.is_some());
+            }
         }
     }
 
