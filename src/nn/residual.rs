@@ -20,15 +20,19 @@ pub fn add_scaled(x: &Tensor, h: &Tensor, gamma: &Tensor) -> candle_core::Result
         let sum = with_contiguous(x, |xs: &[f32]| {
             with_contiguous(h, |hs: &[f32]| {
                 with_contiguous(gamma, |g: &[f32]| {
-                    let mut out = vec![0f32; xs.len()];
-                    out.par_chunks_mut(dim * ROWS_PER_TASK).zip(xs.par_chunks(dim * ROWS_PER_TASK)).zip(hs.par_chunks(dim * ROWS_PER_TASK)).for_each(|((o, xr), hr)| {
+                    // Written straight into fresh storage: no zeroing pass first.
+                    let mut out = Vec::with_capacity(xs.len());
+                    out.spare_capacity_mut().par_chunks_mut(dim * ROWS_PER_TASK).zip(xs.par_chunks(dim * ROWS_PER_TASK)).zip(hs.par_chunks(dim * ROWS_PER_TASK)).for_each(|((o, xr), hr)| {
                         for ((o, xr), hr) in o.chunks_exact_mut(dim).zip(xr.chunks_exact(dim)).zip(hr.chunks_exact(dim)) {
                             for (((o, &xv), &hv), &gv) in o.iter_mut().zip(xr).zip(hr).zip(g) {
                                 // Rounded as the two-op form: the product, then the sum (Rust never fuses them).
-                                *o = xv + hv * gv;
+                                o.write(xv + hv * gv);
                             }
                         }
                     });
+                    // SAFETY: `xs.len()` is a multiple of `dim` (x's last dimension), so the chunks
+                    // above cover the storage and every element was written.
+                    unsafe { out.set_len(xs.len()) };
                     out
                 })
             })
