@@ -30,7 +30,7 @@ pub(super) struct MixLog {
 /// transformers: `y = relu(x)`, `y += clamp(-min y, 0, max_clamp) + eps_shift`, `d = Σ y` (1 when
 /// not finite, at least eps), `out = max(Σ (y / d) · max(bin, eps), eps) · scale`.
 pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Option<Tensor>> {
-    if x.dtype() != DType::F32 || !x.device().is_cpu() || x.track_op() {
+    if !plain_f32_cpu(x) {
         return Ok(None);
     }
     let (b, n, h, w) = x.dims4()?;
@@ -40,18 +40,32 @@ pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Opt
     let hw = h * w;
     let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
     let out = crate::nn::cpu_slice::with_contiguous(x, |xs: &[f32]| {
-        let mut out = vec![0f32; b * hw];
-        if hw > 0 && n > 0 {
-            out.par_chunks_mut(hw).zip(xs.par_chunks(n * hw)).for_each(|(item_out, item)| {
-                item_out.par_chunks_mut(PIXELS).enumerate().for_each(|(block, o)| pixels(item, hw, block * PIXELS, o, &bins, c));
-            });
+        if n == 0 {
+            return vec![0f32; b * hw];
         }
-        out
+        by_bands(b, hw, |item, p0, o| pixels(&xs[item * n * hw..][..n * hw], hw, p0, o, &bins, c))
     })?;
     Ok(match out {
         Some(out) => Some(Tensor::from_vec(out, (b, h, w), x.device())?),
         None => None,
     })
+}
+
+/// Whether `t` is an f32 CPU tensor that records no gradient: what the fused passes take.
+fn plain_f32_cpu(t: &Tensor) -> bool {
+    t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op()
+}
+
+/// `b` images of `hw` output pixels, computed in parallel bands of [`PIXELS`]: `band(item, p0,
+/// out)` writes pixels `p0 .. p0 + out.len()` of image `item`.
+fn by_bands(b: usize, hw: usize, band: impl Fn(usize, usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let mut out = vec![0f32; b * hw];
+    if hw > 0 {
+        out.par_chunks_mut(hw).enumerate().for_each(|(item, item_out)| {
+            item_out.par_chunks_mut(PIXELS).enumerate().for_each(|(block, o)| band(item, block * PIXELS, o));
+        });
+    }
+    out
 }
 
 /// Heights `[B, H, W]` from the head's last hidden map `hidden` `[B, k, H, W]` through its final
@@ -61,8 +75,7 @@ pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Opt
 /// and read back. `None` where [`mixlog_heights`] would decline, or the conv is not a 1×1 from
 /// `k` to `n = bins.len()` channels in f32.
 pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
-    let f32_cpu = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op();
-    if !f32_cpu(hidden) || !f32_cpu(weight) || bias.is_some_and(|b| !f32_cpu(b)) {
+    if !plain_f32_cpu(hidden) || !plain_f32_cpu(weight) || bias.is_some_and(|b| !plain_f32_cpu(b)) {
         return Ok(None);
     }
     let (b, k, h, w) = hidden.dims4()?;
@@ -104,15 +117,7 @@ pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias:
         });
     };
     let out = crate::nn::cpu_slice::with_contiguous(weight, |ws: &[f32]| {
-        crate::nn::cpu_slice::with_contiguous(hidden, |xs: &[f32]| {
-            let mut out = vec![0f32; b * hw];
-            if hw > 0 {
-                out.par_chunks_mut(hw).zip(xs.par_chunks(k * hw)).enumerate().for_each(|(item, (item_out, x))| {
-                    item_out.par_chunks_mut(PIXELS).enumerate().for_each(|(block, o)| band(item, x, ws, block * PIXELS, o));
-                });
-            }
-            out
-        })
+        crate::nn::cpu_slice::with_contiguous(hidden, |xs: &[f32]| by_bands(b, hw, |item, p0, o| band(item, &xs[item * k * hw..][..k * hw], ws, p0, o)))
     })?
     .transpose()?
     .flatten();
