@@ -27,8 +27,8 @@ fn flops(c: &mut Criterion, group: &str, id: &str, n: u64, f: &mut dyn FnMut() -
     g.finish();
 }
 
-/// The ViT block's matmuls: qkv, attention output, MLP up and down (f32, Candle's Q8_0 and Q4_K,
-/// edgerun's int8 GEMM on Q8_0 weights).
+/// The ViT block's matmuls: qkv, attention output, MLP up and down (f32, f16-held weights, Candle's
+/// Q8_0 and Q4_K, edgerun's int8 GEMM on Q8_0 weights).
 fn gemm(c: &mut Criterion) {
     let x = randn(&[1370, 384]);
     let xh = randn(&[1370, 1536]);
@@ -38,6 +38,10 @@ fn gemm(c: &mut Criterion) {
         let n = (2 * 1370 * k * out) as u64;
         let lin = Linear::from_tensors(w.clone(), None).unwrap();
         flops(c, "gemm_f32", name, n, &mut || lin.forward(input).unwrap());
+        // An f16 weight held transposed, as an f16 file's linear holds it (AMX-BF16 tiles where
+        // they run; `EDGERUN_NO_AMX=1`: widened to f32 per product).
+        let wt = w.t().unwrap().contiguous().unwrap().to_dtype(candle_core::DType::F16).unwrap();
+        flops(c, "gemm_f16_held", name, n, &mut || edgerun::nn::linear::cpu_xw_plus_bias(input, &wt, None).unwrap().unwrap());
         // Q4_K needs rows that are whole 256-value super-blocks (the MLP down projection).
         for dt in [GgmlDType::Q8_0, GgmlDType::Q4K].into_iter().filter(|d| k % d.block_size() == 0) {
             let q = QMatMul::from_qtensor(QTensor::quantize(&w, dt).unwrap()).unwrap();

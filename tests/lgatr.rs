@@ -35,7 +35,7 @@ fn load_model(name: &str, dtype: DType) -> Box<dyn Model> {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &dev())
     }
     .unwrap();
-    lgatr::load(vb, &config, false).unwrap()
+    lgatr::load(vb, &config, lgatr::MapStorage::Plain).unwrap()
 }
 
 fn max_abs(t: &Tensor) -> f64 {
@@ -526,7 +526,7 @@ fn config_errors_are_reported() {
     let vb = candle_nn::VarBuilder::zeros(DType::F32, &dev());
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("lgatr_tiny/config.json")).unwrap()).unwrap();
-    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v, false) {
+    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v, lgatr::MapStorage::Plain) {
         Err(edgerun::error::Error::Config(msg)) => eprintln!("{what}: {msg}"),
         Err(e) => panic!("{what}: wrong error kind {e}"),
         Ok(_) => panic!("{what}: accepted"),
@@ -675,8 +675,8 @@ fn int8_fused_map_tracks_f32() {
     let dev = candle_core::Device::Cpu;
     let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 104729 % 997) as f32 / 498.5 - 1.0) * 2.0).collect();
     let x = Tensor::from_vec(x, (5, cols), &dev).unwrap();
-    let exact = map.to_fused(&dev, DType::F32, false).unwrap();
-    let held = map.to_fused(&dev, DType::F32, true).unwrap();
+    let exact = map.to_fused(&dev, DType::F32, lgatr::MapStorage::Plain).unwrap();
+    let held = map.to_fused(&dev, DType::F32, lgatr::MapStorage::Int8).unwrap();
     assert!(!exact.is_int8());
     assert_eq!(held.is_int8(), edgerun::nn::int8_gemm::available());
     let want = exact.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -687,6 +687,38 @@ fn int8_fused_map_tracks_f32() {
     if held.is_int8() {
         assert!(err > 0.0, "the int8 map gave the f32 result exactly: its path did not run");
     }
-    let odd = DenseMap::zeros(4, 18).to_fused(&dev, DType::F32, true).unwrap();
+    let odd = DenseMap::zeros(4, 18).to_fused(&dev, DType::F32, lgatr::MapStorage::Int8).unwrap();
     assert!(!odd.is_int8(), "18 inputs are not whole Q8_0 blocks");
+}
+
+/// A folded map held in f16 (an f16 file's maps) gives the product of its f16-rounded values: at a
+/// width and row count that run the AMX-BF16 tiles where the CPU has them, and at one that widens.
+#[test]
+fn half_fused_map_multiplies_as_its_f16_values() {
+    use edgerun::models::lgatr::equi_linear::DenseMap;
+    let dev = candle_core::Device::Cpu;
+    for (tokens, rows, cols) in [(64, 576, 288), (5, 20, 18)] {
+        let mut map = DenseMap::zeros(rows, cols);
+        for (i, v) in map.m.iter_mut().enumerate() {
+            *v = ((i * 7919 % 1009) as f64 / 504.5 - 1.0) * 0.3;
+        }
+        for (i, v) in map.b.iter_mut().enumerate() {
+            *v = i as f64 * 0.01;
+        }
+        let x: Vec<f32> = (0..tokens * cols).map(|i| ((i * 104729 % 997) as f32 / 498.5 - 1.0) * 2.0).collect();
+        let held = map.to_fused(&dev, DType::F32, lgatr::MapStorage::Half).unwrap();
+        let got = held.forward(&Tensor::from_vec(x.clone(), (tokens, cols), &dev).unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for t in 0..tokens {
+            for r in 0..rows {
+                let (mut want, mut scale) = (map.b[r], 0f64);
+                for c in 0..cols {
+                    let term = x[t * cols + c] as f64 * half::f16::from_f64(map.m[r * cols + c]).to_f64();
+                    want += term;
+                    scale += term.abs();
+                }
+                let err = (got[t * rows + r] as f64 - want).abs();
+                assert!(err <= 1e-5 * scale.max(1.0), "{tokens}×{cols}→{rows} at ({t}, {r}): {} against {want}", got[t * rows + r]);
+            }
+        }
+    }
 }

@@ -54,6 +54,21 @@ fn holds_q8_0(store: &crate::weights::WeightStore) -> bool {
     store.entries().values().any(|e| e.dtype == StoredDType::Ggml(candle_core::quantized::GgmlDType::Q8_0))
 }
 
+/// How L-GATr holds its folded maps for the matrices in `store`: rounded to Q8_0 for a file with
+/// Q8_0 matrices, in f16 for one whose matrices are all f16 (norm scales aside, which `edgerun
+/// quantize` keeps in f32), else as computed.
+fn lgatr_maps(store: &crate::weights::WeightStore) -> lgatr::MapStorage {
+    if holds_q8_0(store) {
+        return lgatr::MapStorage::Int8;
+    }
+    let mut matrices = store.entries().values().filter(|e| e.shape.len() >= 2 && !e.name.contains("norm")).peekable();
+    if matrices.peek().is_some() && matrices.all(|e| e.dtype.plain() == Some(candle_core::DType::F16)) {
+        lgatr::MapStorage::Half
+    } else {
+        lgatr::MapStorage::Plain
+    }
+}
+
 /// Loads the model stored in `store`, picking the family from its architecture name.
 pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
     use crate::error::Error;
@@ -64,7 +79,7 @@ pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_
     let config = store.config().clone();
     let build = || -> Result<Box<dyn Model>> {
         Ok(match arch.as_str() {
-            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, holds_q8_0(&store))?,
+            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, lgatr_maps(&store))?,
             "chmv2" => Box::new(chmv2::Chmv2::load(&vb, &config)?),
             "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Box::new(da3::Da3::load(&vb, &config)?),
             "depth_anything" => Box::new(depth_anything::DepthAnything::load(&vb, &config)?),

@@ -5,19 +5,40 @@
 
 /// Whether AMX-INT8 runs here (`EDGERUN_NO_AMX=1` or `EDGERUN_NO_INT8=1`: never).
 pub fn available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| std::env::var_os("EDGERUN_NO_INT8").is_none() && tiles_run_with(AMX_INT8))
+}
+
+/// Whether AMX-BF16 runs here, with AVX-512 BF16 for the packing around it (`EDGERUN_NO_AMX=1`: never).
+pub fn bf16_available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    #[cfg(target_arch = "x86_64")]
+    let bf16 = || is_x86_feature_detected!("avx512bf16") && tiles_run_with(AMX_BF16);
+    #[cfg(not(target_arch = "x86_64"))]
+    let bf16 = || false;
+    *OK.get_or_init(bf16)
+}
+
+/// CPUID leaf 7's EDX bit for AMX-INT8 (not in `is_x86_feature_detected!` on stable).
+#[allow(dead_code)]
+const AMX_INT8: u32 = 1 << 25;
+/// CPUID leaf 7's EDX bit for AMX-BF16.
+#[allow(dead_code)]
+const AMX_BF16: u32 = 1 << 22;
+
+/// Whether the CPU has AMX-TILE, the instruction set `set` (a CPUID leaf 7 EDX bit), AVX-512F and
+/// AVX-512BW, Linux lets this process use tile data, and `EDGERUN_NO_AMX` is not set.
+#[allow(unused_variables)]
+fn tiles_run_with(set: u32) -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(|| {
-            if std::env::var_os("EDGERUN_NO_AMX").is_some() || std::env::var_os("EDGERUN_NO_INT8").is_some() {
-                return false;
-            }
-            // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8 (not in `is_x86_feature_detected!` on stable).
-            let has_amx = is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && std::arch::x86_64::__cpuid_count(7, 0).edx & (3 << 24) == 3 << 24;
-            has_amx && request_tile_data()
-        })
+        static PERMITTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        const AMX_TILE: u32 = 1 << 24;
+        if std::env::var_os("EDGERUN_NO_AMX").is_some() || !is_x86_feature_detected!("avx512f") || !is_x86_feature_detected!("avx512bw") {
+            return false;
+        }
+        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+        edx & (AMX_TILE | set) == AMX_TILE | set && *PERMITTED.get_or_init(request_tile_data)
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
@@ -235,6 +256,68 @@ mod kernels {
             }
             store_sums([c, c.byte_add(64), c.byte_add(128), c.byte_add(192)], 256);
         }
+    }
+
+    /// Clears the sum tiles 0–3.
+    ///
+    /// # Safety
+    /// [`Tiles::configure`] is in force on this thread.
+    #[inline]
+    pub(crate) unsafe fn zero_sums() {
+        unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
+    }
+
+    /// Adds to the 32 × 32 f32 sums in tiles 0–3 the three products `a_hi·b_hi + a_lo·b_hi +
+    /// a_hi·b_lo` of split bf16 values over `steps` depth steps of 32. Each step of `a` is four
+    /// 16 × 64-byte tiles, 1 KiB apart (`hi` rows 0–15, `hi` rows 16–31, `lo` rows 0–15, `lo` rows
+    /// 16–31), and each step of `b` four tiles in the pair layout (`hi` columns 0–15, `hi` columns
+    /// 16–31, then `lo`); the next step 4 KiB after.
+    ///
+    /// # Safety
+    /// [`Tiles::configure`] is in force on this thread and `a` and `b` hold `steps` steps.
+    #[inline]
+    pub(crate) unsafe fn add_split_bf16_32x32(a: *const u16, b: *const u16, steps: usize) {
+        unsafe {
+            for s in 0..steps {
+                asm!(
+                    "tileloadd tmm4, [{a} + {ld}*1]",
+                    "tileloadd tmm6, [{b} + {ld}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b} + {ld}*1 + 1024]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a} + {ld}*1 + 1024]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm6, [{b} + {ld}*1 + 2048]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b} + {ld}*1 + 3072]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "tileloadd tmm4, [{a} + {ld}*1 + 2048]",
+                    "tileloadd tmm6, [{b} + {ld}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b} + {ld}*1 + 1024]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a} + {ld}*1 + 3072]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a = in(reg) a.byte_add(s * 4096),
+                    b = in(reg) b.byte_add(s * 4096),
+                    ld = in(reg) 64usize,
+                    options(nostack, readonly)
+                );
+            }
+        }
+    }
+
+    /// Stores the 32 × 32 f32 sums of tiles 0–3 at `c` (rows `ldc` bytes apart).
+    ///
+    /// # Safety
+    /// [`Tiles::configure`] is in force and `c` has 32 rows of 128 writable bytes, `ldc` apart.
+    #[inline]
+    pub(crate) unsafe fn store_f32_32x32(c: *mut f32, ldc: usize) {
+        unsafe { store_sums([c.cast(), c.byte_add(64).cast(), c.byte_add(16 * ldc).cast(), c.byte_add(16 * ldc + 64).cast()], ldc) };
     }
 }
 

@@ -226,6 +226,11 @@ const MIN_SLAB_ROWS: usize = 128;
 /// Each activation is packed by the GEMM once in all, where blocks of output columns made every
 /// block's GEMM pack all of `x` again (CHMv2's 4096-wide MLP: 64-column blocks, 11 MB of `x` each).
 fn half_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
+    if super::half_amx::runs_for(rows, k, n) {
+        // SAFETY: the tiles run here; `out` is rows × n with this call its only writer, `xs` is
+        // rows × k and `ws` k × n.
+        return product_plus_bias(rows, n, k, bias, post, |out| unsafe { super::half_amx::xw_into(out, xs, rows, k, ws, n) });
+    }
     let depth = (WIDE_SLAB_FLOATS / n.max(1)).max(MIN_SLAB_ROWS);
     half_slabs_xw_plus_bias(xs, rows, k, ws, n, bias, post, depth)
 }
@@ -603,19 +608,24 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.safetensors");
         let cpu = Device::Cpu;
-        let w = Tensor::randn(0f32, 1.0, (8, 32), &cpu).unwrap().to_dtype(DType::F16).unwrap();
-        let b = Tensor::randn(0f32, 1.0, 8, &cpu).unwrap();
+        let (n, k) = (256, 128);
+        let w = Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap().to_dtype(DType::F16).unwrap();
+        let b = Tensor::randn(0f32, 1.0, n, &cpu).unwrap();
         let tensors = HashMap::from([("l.weight".to_string(), w.clone()), ("l.bias".to_string(), b.clone())]);
         candle_core::safetensors::save(&tensors, &path).unwrap();
         let vb = Vb::new(Arc::new(WeightStore::open(&path).unwrap()), DType::F32, cpu.clone()).pp("l");
-        let lin = Linear::load(&vb, 32, 8, true).unwrap();
+        let lin = Linear::load(&vb, k, n, true).unwrap();
         assert!(matches!(lin.weight, Weight::Half(_)));
-        let x = Tensor::randn(0f32, 1.0, (3, 32), &cpu).unwrap();
-        let want = x.matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap().broadcast_add(&b).unwrap();
-        let err = (lin.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-        assert!(err < 1e-5, "{err}");
+        // 3 rows widen the weight; 45 run the AMX-BF16 tiles where the CPU has them, within 2⁻¹⁷ of
+        // Σ|x·w| (~80 here: 6e-4), where a bf16 rounding of either operand would be off by ~1e-2.
+        for (rows, bound) in [(3, 2e-5), (45, 1e-3)] {
+            let x = Tensor::randn(0f32, 1.0, (rows, k), &cpu).unwrap();
+            let want = x.matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap().broadcast_add(&b).unwrap();
+            let err = (lin.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(err < bound, "{rows} rows: {err}");
+        }
         let trainable = crate::weights::Trainable::new(|_| true);
-        let lin = Linear::load(&vb.with_trainable(trainable), 32, 8, true).unwrap();
+        let lin = Linear::load(&vb.with_trainable(trainable), k, n, true).unwrap();
         assert!(matches!(lin.weight, Weight::Dense(_)));
     }
 
@@ -697,7 +707,7 @@ mod tests {
     fn forward_gelu_is_gelu_of_forward_for_every_weight_kind() {
         use candle_core::quantized::QTensor;
         let cpu = Device::Cpu;
-        let (n, k) = (40, 64);
+        let (n, k) = (256, 128);
         let w = Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap();
         let b = Tensor::randn(0f32, 1.0, n, &cpu).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q8_0).unwrap();
@@ -713,7 +723,7 @@ mod tests {
         for (name, weight) in kinds {
             for bias in [Some(b.clone()), None] {
                 let lin = Linear { weight: weight.clone(), bias: bias.clone(), out_dim: n };
-                for x in [Tensor::randn(0f32, 1.0, (7, k), &cpu).unwrap(), Tensor::randn(0f32, 1.0, (2, 5, k), &cpu).unwrap()] {
+                for x in [Tensor::randn(0f32, 1.0, (7, k), &cpu).unwrap(), Tensor::randn(0f32, 1.0, (2, 5, k), &cpu).unwrap(), Tensor::randn(0f32, 1.0, (2, 40, k), &cpu).unwrap()] {
                     let want = crate::nn::activation::gelu_erf(&lin.forward(&x).unwrap()).unwrap();
                     let got = lin.forward_gelu(&x).unwrap();
                     assert_eq!(got.dims(), want.dims());

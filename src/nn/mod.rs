@@ -14,6 +14,7 @@ pub mod dpt;
 pub mod fast_math;
 pub mod fused_attention;
 pub mod grad;
+pub(crate) mod half_amx;
 pub mod depthwise;
 pub mod int8_attention;
 pub mod int8_gemm;

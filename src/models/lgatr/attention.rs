@@ -217,7 +217,7 @@ impl GaSelfAttention {
             let v = v.fold().reorder_cols(&v_cols)?.reorder_rows(&head_rows(&d, 1, hc, |_, c| c, |_, s| s))?;
             DenseMap::vstack(&[&q, &k, &v])?
         };
-        let qkv = map.to_fused(vb.device(), vb.dtype(), cfg.hold_maps_int8)?;
+        let qkv = map.to_fused(vb.device(), vb.dtype(), cfg.hold_maps)?;
 
         let ow = EquiLinearWeights::load(&vb.pp("out_linear"), hc * h, d.c, hs * h, d.s, sub, true)?;
         let mut cols = Vec::with_capacity(h * d.d());
@@ -233,7 +233,7 @@ impl GaSelfAttention {
             let scale: Vec<f64> = (0..h).flat_map(|hh| std::iter::repeat_n(hsv[hh], d.d())).collect();
             om.scale_cols(&scale);
         }
-        let out = om.to_fused(vb.device(), vb.dtype(), cfg.hold_maps_int8)?;
+        let out = om.to_fused(vb.device(), vb.dtype(), cfg.hold_maps)?;
 
         let ipf = inner_product_factors();
         let scale = 1.0 / (d.d() as f64).sqrt();

@@ -158,10 +158,10 @@ pub struct LgatrConfig {
     pub compile_kwargs: Option<serde_json::Value>,
     #[serde(default)]
     pub activation_memory_budget: Option<f64>,
-    /// Not a `config.json` key: set by the loader to hold the folded equivariant maps rounded to
-    /// Q8_0 for the int8 GEMM (a Q8_0 file on a CPU that has an int8 kernel).
+    /// Not a `config.json` key: set by the loader to hold the folded equivariant maps in f16 (an
+    /// f16 file) or rounded to Q8_0 for the int8 GEMM (a Q8_0 file on a CPU that has an int8 kernel).
     #[serde(skip)]
-    pub hold_maps_int8: bool,
+    pub hold_maps: super::equi_linear::MapStorage,
 }
 
 /// `lgatr.LGATrSlim(...)` keyword arguments.

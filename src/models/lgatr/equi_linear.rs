@@ -111,16 +111,16 @@ impl DenseMap {
         Ok(d)
     }
 
-    /// Uploads as a [`FusedLinear`] in `dtype` on `device`; with `int8`, an f32 CPU map is held
-    /// rounded to Q8_0 for the int8 GEMM instead, where this CPU has one and the input width allows it.
-    pub fn to_fused(&self, device: &Device, dtype: DType, int8: bool) -> Result<FusedLinear> {
+    /// Uploads as a [`FusedLinear`] in `dtype` on `device`, an f32 CPU map held as `hold` says
+    /// (Q8_0 only where this CPU has the int8 GEMM and the input width allows it).
+    pub fn to_fused(&self, device: &Device, dtype: DType, hold: MapStorage) -> Result<FusedLinear> {
         let b = if self.b.iter().any(|&v| v != 0.0) {
             Some(Tensor::from_vec(self.b.clone(), self.rows, device)?.to_dtype(dtype)?)
         } else {
             None
         };
         let (rows, cols) = (self.rows, self.cols);
-        if int8 && dtype == DType::F32 {
+        if hold == MapStorage::Int8 && dtype == DType::F32 {
             let m = Tensor::from_vec(self.m.iter().map(|&v| v as f32).collect::<Vec<f32>>(), (rows, cols), device)?;
             if let Some(linear) = Linear::int8_from_f32(&m, b.clone())? {
                 return Ok(FusedLinear { held: Held::Int8(linear), rows, cols });
@@ -128,8 +128,23 @@ impl DenseMap {
         }
         let wt = crate::nn::cpu_slice::transposed(&self.m, rows, cols);
         let wt = Tensor::from_vec(wt, (cols, rows), device)?.to_dtype(dtype)?;
+        // Held in f16, an f32 CPU map is widened per product, or multiplied on AMX-BF16 tiles.
+        let wt = if hold == MapStorage::Half && dtype == DType::F32 && device.is_cpu() { wt.to_dtype(DType::F16)? } else { wt };
         Ok(FusedLinear { held: Held::Dense { wt, b }, rows, cols })
     }
+}
+
+/// How the folded maps of an f32 model on the CPU are held, chosen from how its file stores its
+/// matrices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MapStorage {
+    /// In the compute dtype.
+    #[default]
+    Plain,
+    /// In f16 (an f16 file): half the memory; maps folded from f16 coefficients by lgatr's basis.
+    Half,
+    /// Rounded to Q8_0 for the int8 GEMM (a Q8_0 file).
+    Int8,
 }
 
 /// How a [`FusedLinear`] holds its map.
@@ -337,7 +352,7 @@ impl EquiLinear {
         bias: bool,
     ) -> Result<Self> {
         let weights = EquiLinearWeights::load(vb, in_mv, out_mv, in_s, out_s, subgroup, bias)?;
-        let fused = weights.fold().to_fused(vb.device(), vb.dtype(), false)?;
+        let fused = weights.fold().to_fused(vb.device(), vb.dtype(), MapStorage::Plain)?;
         Ok(Self { weights, fused })
     }
 

@@ -4,7 +4,7 @@ use candle_nn::VarBuilder;
 
 use super::bilinear::gp_fused;
 use super::config::{LgatrConfig, Nonlinearity};
-use super::equi_linear::{DenseMap, EquiLinearWeights, FusedLinear};
+use super::equi_linear::{DenseMap, EquiLinearWeights, FusedLinear, MapStorage};
 use super::kernels::{kernel_ok, GateKernel};
 use super::norm::EquiNorm;
 use crate::error::Result;
@@ -58,16 +58,16 @@ impl GeometricBilinear {
         out_s: usize,
         subgroup: bool,
         bivector: bool,
-        int8: bool,
+        hold: MapStorage,
     ) -> Result<Self> {
         let hidden = out_mv;
         let left = EquiLinearWeights::load(&vb.pp("linear_left"), in_mv, hidden, in_s, 0, subgroup, true)?.fold();
         let right = EquiLinearWeights::load(&vb.pp("linear_right"), in_mv, hidden, in_s, 0, subgroup, true)?.fold();
         let pass = DenseMap::identity_rows(16 * in_mv + in_s, 16 * in_mv..16 * in_mv + in_s);
-        let left_right = DenseMap::vstack(&[&left, &right, &pass])?.to_fused(vb.device(), vb.dtype(), int8)?;
+        let left_right = DenseMap::vstack(&[&left, &right, &pass])?.to_fused(vb.device(), vb.dtype(), hold)?;
         let out = EquiLinearWeights::load(&vb.pp("linear_out"), hidden, out_mv, in_s, out_s, subgroup, true)?
             .fold()
-            .to_fused(vb.device(), vb.dtype(), int8)?;
+            .to_fused(vb.device(), vb.dtype(), hold)?;
         let norm = EquiNorm::plain(out_mv, out_s, vb.device(), vb.dtype())?;
         Ok(Self { left_right, out, norm, hidden, in_s, bivector })
     }
@@ -122,7 +122,7 @@ impl GeoMlp {
                 true,
             )?
             .fold()
-            .to_fused(vb.device(), vb.dtype(), cfg.hold_maps_int8)
+            .to_fused(vb.device(), vb.dtype(), cfg.hold_maps)
         };
         if p.geometric_product {
             layers.push(Layer::Bilinear(GeometricBilinear::load(
@@ -133,7 +133,7 @@ impl GeoMlp {
                 sc[1],
                 p.subgroup,
                 p.bivector,
-                cfg.hold_maps_int8,
+                cfg.hold_maps,
             )?));
             idx += 1;
         } else {

@@ -34,14 +34,15 @@ pub use slim::LgatrSlim;
 
 use crate::error::{Error, Result};
 use crate::models::Model;
+pub use equi_linear::MapStorage;
 
 /// Builds an `LGATr` or `LGATrSlim` from its state dict (`vb`, keys as lgatr writes them) and
-/// `config.json` (dispatching on `model_type`); `int8_maps`: hold `LGATr`'s folded maps rounded to
-/// Q8_0 for the int8 GEMM (see [`LgatrConfig::hold_maps_int8`]).
-pub fn load(vb: VarBuilder, config: &serde_json::Value, int8_maps: bool) -> Result<Box<dyn Model>> {
+/// `config.json` (dispatching on `model_type`); `maps`: how `LGATr` holds its folded maps (see
+/// [`LgatrConfig::hold_maps`]).
+pub fn load(vb: VarBuilder, config: &serde_json::Value, maps: MapStorage) -> Result<Box<dyn Model>> {
     match config.get("model_type").and_then(|v| v.as_str()) {
         Some("lgatr") => {
-            let cfg = LgatrConfig { hold_maps_int8: int8_maps, ..LgatrConfig::from_json(config)? };
+            let cfg = LgatrConfig { hold_maps: maps, ..LgatrConfig::from_json(config)? };
             Ok(Box::new(Lgatr::load(vb, cfg)?))
         }
         Some("lgatr_slim") => Ok(Box::new(LgatrSlim::load(vb, SlimConfig::from_json(config)?)?)),

@@ -91,7 +91,7 @@ impl Lgatr {
             true,
         )?
         .fold()
-        .to_fused(vb.device(), vb.dtype(), cfg.hold_maps_int8)?;
+        .to_fused(vb.device(), vb.dtype(), cfg.hold_maps)?;
         let blocks = (0..cfg.num_blocks)
             .map(|i| LgatrBlock::load(&vb.pp(format!("blocks.{i}")), &cfg))
             .collect::<Result<Vec<_>>>()?;
@@ -105,7 +105,7 @@ impl Lgatr {
             true,
         )?
         .fold()
-        .to_fused(vb.device(), vb.dtype(), cfg.hold_maps_int8)?;
+        .to_fused(vb.device(), vb.dtype(), cfg.hold_maps)?;
         let device = vb.device().clone();
         let reinsert_mv = index_tensor(&cfg.reinsert_mv_channels, &device)?;
         let reinsert_s =
