@@ -46,6 +46,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let int8_attention = if edgerun::nn::amx::available() { "AMX" } else { "none (f32)" };
     outln!("int8 (Q8_0):   GEMM {int8_gemm}, attention {int8_attention}");
+    let f16_matrices = if edgerun::nn::amx::bf16_available() { "AMX-BF16 tiles (split into bf16 pairs, f32 sums)" } else { "widened to f32 per product" };
+    outln!("f16 matrices:  {f16_matrices}");
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
     outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(d) => cuda_line(&d), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
     outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
