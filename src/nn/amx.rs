@@ -12,23 +12,28 @@ pub fn available() -> bool {
 /// Whether AMX-BF16 runs here, with AVX-512 BF16 for the packing around it (`EDGERUN_NO_AMX=1`: never).
 pub fn bf16_available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| tiles_run_with(AMX_BF16) && avx512_bf16())
+}
+
+/// Whether the CPU converts f32 to bf16 in AVX-512 (`vcvtneps2bf16`).
+fn avx512_bf16() -> bool {
     #[cfg(target_arch = "x86_64")]
-    let bf16 = || is_x86_feature_detected!("avx512bf16") && tiles_run_with(AMX_BF16);
+    {
+        is_x86_feature_detected!("avx512bf16")
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let bf16 = || false;
-    *OK.get_or_init(bf16)
+    {
+        false
+    }
 }
 
 /// CPUID leaf 7's EDX bit for AMX-INT8 (not in `is_x86_feature_detected!` on stable).
-#[allow(dead_code)]
 const AMX_INT8: u32 = 1 << 25;
 /// CPUID leaf 7's EDX bit for AMX-BF16.
-#[allow(dead_code)]
 const AMX_BF16: u32 = 1 << 22;
 
 /// Whether the CPU has AMX-TILE, the instruction set `set` (a CPUID leaf 7 EDX bit), AVX-512F and
 /// AVX-512BW, Linux lets this process use tile data, and `EDGERUN_NO_AMX` is not set.
-#[allow(unused_variables)]
 fn tiles_run_with(set: u32) -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
@@ -42,6 +47,7 @@ fn tiles_run_with(set: u32) -> bool {
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
+        let _ = set;
         false
     }
 }

@@ -55,13 +55,6 @@ mod tiles {
     /// rows passes over it.
     const BLOCK_BYTES: usize = 1 << 20;
 
-    /// A pointer to the split activations, read by every task.
-    #[derive(Clone, Copy)]
-    struct SharedIn(*const u16);
-    // SAFETY: the buffer is written before the tasks start and outlives them; they only read it.
-    unsafe impl Send for SharedIn {}
-    unsafe impl Sync for SharedIn {}
-
     /// See [`super::xw_into`].
     pub(super) unsafe fn xw_into(out: *mut f32, xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize) {
         use rayon::prelude::*;
@@ -70,7 +63,6 @@ mod tiles {
         }
         let kp = k.div_ceil(STEP) * STEP;
         let split = split_rows(xs, rows, k, kp);
-        let a = SharedIn(split.as_ptr());
         let dst = SharedOut(out);
         // Column blocks of whole 32-column steps: at most BLOCK_BYTES of packed weight each, and at
         // least four blocks per thread where the columns allow (balance).
@@ -89,7 +81,7 @@ mod tiles {
                 // SAFETY: AVX-512F/BW/VL run where AMX-BF16 was found; `packed` holds the block.
                 unsafe { pack_weight(&mut packed[..len], ws, k, kp, n, j0, cols) };
                 // SAFETY: `runs_for` found AMX; this task alone writes columns j0 .. j0 + cols.
-                unsafe { multiply_block(dst, a, rows, kp, n, &packed[..len], j0, cols) };
+                unsafe { multiply_block(dst, &split, rows, kp, n, &packed[..len], j0, cols) };
             });
         });
     }
@@ -200,14 +192,14 @@ mod tiles {
     /// AMX-BF16 runs here; `a` is [`split_rows`]'s buffer for `rows` rows of depth `kp`, `packed`
     /// the block's [`pack_weight`], and no other task writes columns `j0 .. j0 + cols` of `out`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn multiply_block(out: SharedOut, a: SharedIn, rows: usize, kp: usize, n: usize, packed: &[u16], j0: usize, cols: usize) {
+    unsafe fn multiply_block(out: SharedOut, a: &[u16], rows: usize, kp: usize, n: usize, packed: &[u16], j0: usize, cols: usize) {
         let steps = kp / STEP;
         let strip_len = steps * STEP_LEN;
         let mut edge = Edge([0.0; STEP * STEP]);
         // SAFETY: AMX runs here.
         let _tiles = unsafe { amx::Tiles::configure() };
         for m0 in (0..rows).step_by(STEP) {
-            let strip = a.0.wrapping_add(m0 / STEP * strip_len);
+            let strip = a[m0 / STEP * strip_len..].as_ptr();
             for c0 in (0..cols).step_by(STEP) {
                 let block = packed[c0 / STEP * strip_len..].as_ptr();
                 let (m, c) = ((rows - m0).min(STEP), (cols - c0).min(STEP));

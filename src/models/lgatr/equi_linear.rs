@@ -127,9 +127,9 @@ impl DenseMap {
             }
         }
         let wt = crate::nn::cpu_slice::transposed(&self.m, rows, cols);
-        let wt = Tensor::from_vec(wt, (cols, rows), device)?.to_dtype(dtype)?;
         // Held in f16, an f32 CPU map is widened per product, or multiplied on AMX-BF16 tiles.
-        let wt = if hold == MapStorage::Half && dtype == DType::F32 && device.is_cpu() { wt.to_dtype(DType::F16)? } else { wt };
+        let held = if hold == MapStorage::Half && dtype == DType::F32 && device.is_cpu() { DType::F16 } else { dtype };
+        let wt = Tensor::from_vec(wt, (cols, rows), device)?.to_dtype(held)?;
         Ok(FusedLinear { held: Held::Dense { wt, b }, rows, cols })
     }
 }
