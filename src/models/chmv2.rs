@@ -7,6 +7,7 @@
 //! 3×3 → ReLU → 1×1 to the bins); then [`FeaturesToDepth`] (`chmv2_mixlog` for the hub checkpoint).
 use candle_core::{DType, Module, Tensor, D};
 use crate::nn::conv::Conv2d;
+use crate::nn::cpu_slice::transpose_last_two;
 use crate::profile::Span;
 use serde::Deserialize;
 
@@ -416,10 +417,12 @@ impl Chmv2 {
             let x = match (self.readout, cls.as_ref()) {
                 (Some(Readout::Project), Some(cls)) => {
                     let (b, d, h, w) = map.dims4()?;
-                    let tokens = map.flatten_from(2)?.transpose(1, 2)?;
+                    // The transposes by the tiled parallel kernel: Candle's strided copies of
+                    // these maps ran on one core (~45 ms of a forward).
+                    let tokens = transpose_last_two(&map.flatten_from(2)?)?;
                     let readout = cls.unsqueeze(1)?.expand((b, h * w, d))?;
                     let t = self.readout_projects[i].forward_gelu(&Tensor::cat(&[&tokens, &readout], D::Minus1)?)?;
-                    t.transpose(1, 2)?.reshape((b, d, h, w))?
+                    transpose_last_two(&t)?.reshape((b, d, h, w))?
                 }
                 (Some(Readout::Add), Some(cls)) => map.broadcast_add(&cls.unsqueeze(2)?.unsqueeze(3)?)?,
                 _ => map.clone(),

@@ -309,7 +309,7 @@ impl Dinov3 {
         let cls = if self.cfg.return_class_token { Some(s.narrow(1, 0, 1)?.squeeze(1)?) } else { None };
         let (b, _, d) = s.dims3()?;
         let patches = s.narrow(1, self.prefix_len(), ph * pw)?;
-        let map = if self.cfg.reshape_hidden_states { patches.reshape((b, ph, pw, d))?.permute((0, 3, 1, 2))?.contiguous()? } else { patches.contiguous()? };
+        let map = if self.cfg.reshape_hidden_states { super::cpu_slice::transpose_last_two(&patches)?.reshape((b, d, ph, pw))? } else { patches.contiguous()? };
         Ok((map, cls))
     }
 
