@@ -167,12 +167,18 @@ unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx:
     );
 }
 
-/// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`: blocks
-/// of the output, one single-threaded GEMM each, taken by the threads as they come free (see
-/// [`OutputBlocks`]), then the bias.
+/// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`: from
+/// [`MIN_BLOCKED_DEPTH`] input features, blocks of the output, one single-threaded GEMM each, taken
+/// by the threads as they come free (see [`OutputBlocks`]); shallower, one threaded GEMM. Then the bias.
 fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
     use rayon::prelude::*;
-    let blocks = OutputBlocks::new(rows, n, rayon::current_num_threads());
+    let threads = rayon::current_num_threads();
+    if k < MIN_BLOCKED_DEPTH && threads > 1 {
+        // SAFETY: `out` addresses rows × n floats and this is its only writer; `xs` is rows × k and
+        // `ws` k × n.
+        return product_plus_bias(rows, n, k, bias, post, |out| unsafe { gemm_into_columns(out, n, 0, xs, k, rows, k, ws, Layout::InOut { stride: n }, n, false, gemm::Parallelism::Rayon(threads)) });
+    }
+    let blocks = OutputBlocks::new(rows, n, threads);
     product_plus_bias(rows, n, k, bias, post, |out| {
         let dst = super::cpu_slice::SharedOut(out);
         (0..blocks.count()).into_par_iter().for_each(|b| {
@@ -185,6 +191,10 @@ fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: O
     })
 }
 
+/// The shallowest product cut into [`OutputBlocks`]: below it the `gemm` crate's threads wait for
+/// each other once or twice per product, and packing `x` once per column block cost more than the
+/// balance gained (L-GATr's 288–576-deep maps at 6,400 rows: 1.05–1.08× the time).
+const MIN_BLOCKED_DEPTH: usize = 768;
 /// Blocks per thread of an f32 linear's output: enough that a thread slowed by another tenant of
 /// the host leaves the other little to wait for.
 const BLOCKS_PER_THREAD: usize = 8;
@@ -739,7 +749,7 @@ mod tests {
     /// without a bias, and with no input features (the bias alone, or zeros).
     #[test]
     fn f32_products_add_the_bias_after_the_gemm() {
-        for (rows, k, n) in [(37, 19, 23), (3, 0, 5), (0, 4, 6), (600, 21, 400)] {
+        for (rows, k, n) in [(37, 19, 23), (3, 0, 5), (0, 4, 6), (600, 21, 400), (300, 800, 200)] {
             let x: Vec<f32> = (0..rows * k).map(|i| ((i * 31) % 89) as f32 / 44.0 - 1.0).collect();
             let w: Vec<f32> = (0..k * n).map(|i| ((i * 17) % 83) as f32 / 41.0 - 1.0).collect();
             let bias: Vec<f32> = (0..n).map(|j| j as f32 / 3.0 - 1.0).collect();
