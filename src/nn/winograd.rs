@@ -8,7 +8,6 @@
 //! adds only) gives the 2×2 pixels, plus the bias. The transforms' coefficients are 0, ±1 and ½,
 //! so the rounding stays that of a direct sum (DPT heads: max error against the direct conv
 //! ~1e-6 relative).
-#[cfg(target_arch = "x86_64")]
 use rayon::prelude::*;
 
 /// Output channels per register tile.
@@ -60,10 +59,7 @@ fn transform_weights(o: usize, c: usize, weight: &[f32], bias: Option<&[f32]>) -
             }
         }
     };
-    #[cfg(target_arch = "x86_64")]
     u.par_chunks_mut(16 * c * CO).enumerate().for_each(transform_tile);
-    #[cfg(not(target_arch = "x86_64"))]
-    u.chunks_mut(16 * c * CO).enumerate().for_each(transform_tile);
     let mut b = vec![0f32; tiles * CO];
     if let Some(bias) = bias {
         b[..o].copy_from_slice(&bias[..o]);
