@@ -592,30 +592,41 @@ fn cpu_kernels_match_tensor_ops() {
     let mut rng = Rng(9);
     for dtype in [DType::F32, DType::F64] {
         let tol = if dtype == DType::F32 { 2e-5 } else { 1e-12 };
-        let (c, s) = (5, 7);
-        let x = rng.tensor_on(&[33, 16 * c + s], dtype, &cpu);
-        // gains through a VarBuilder
-        let mut w = std::collections::HashMap::new();
-        w.insert(
-            "weight_mv".to_string(),
-            (rng.tensor_on(&[c, 5], DType::F64, &cpu).abs().unwrap() + 0.5).unwrap().to_dtype(dtype).unwrap(),
-        );
-        w.insert("weight_s".to_string(), rng.tensor_on(&[s], dtype, &cpu));
-        let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &cpu);
-        for norm in [EquiNorm::plain(c, s, &cpu, dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
-            let scaled = (&x * 1e-3).unwrap();
-            for input in [&x, &scaled] {
-                let d = max_diff(&norm.forward(input).unwrap(), &norm.forward_reference(input).unwrap());
-                assert!(d < tol, "norm kernel vs reference {dtype:?}: {d:.2e}");
+        // 5 channels: a partial tile; 37: two full tiles of 16 and a partial one
+        for (c, s) in [(5, 7), (37, 9)] {
+            let x = rng.tensor_on(&[33, 16 * c + s], dtype, &cpu);
+            // gains through a VarBuilder
+            let mut w = std::collections::HashMap::new();
+            w.insert(
+                "weight_mv".to_string(),
+                (rng.tensor_on(&[c, 5], DType::F64, &cpu).abs().unwrap() + 0.5).unwrap().to_dtype(dtype).unwrap(),
+            );
+            w.insert("weight_s".to_string(), rng.tensor_on(&[s], dtype, &cpu));
+            let vb = candle_nn::VarBuilder::from_tensors(w, dtype, &cpu);
+            for norm in [EquiNorm::plain(c, s, &cpu, dtype).unwrap(), EquiNorm::load(&vb, c, s, true).unwrap()] {
+                let scaled = (&x * 1e-3).unwrap();
+                for input in [&x, &scaled] {
+                    let d = max_diff(&norm.forward(input).unwrap(), &norm.forward_reference(input).unwrap());
+                    assert!(d < tol, "norm kernel vs reference {dtype:?} {c} channels: {d:.2e}");
+                }
             }
         }
+        let (c, s) = (5, 7);
+        let x = rng.tensor_on(&[33, 16 * c + s], dtype, &cpu);
+        // 21 channels: one full block of 16 gates and a partial one; inputs to ±40 saturate
+        let (gc, gs) = (21, 40);
+        let wide = (rng.tensor_on(&[17, 16 * gc + gs], dtype, &cpu) * 10.0).unwrap();
         for f in ["gelu", "relu", "sigmoid", "tanh", "silu"] {
             let f = Nonlinearity::parse(f).unwrap();
-            let d = max_diff(&gate_fused(&x, c, s, f).unwrap(), &gate_fused_reference(&x, c, s, f).unwrap());
-            assert!(d < tol, "gate kernel vs reference {f:?} {dtype:?}: {d:.2e}");
+            for (x, c, s) in [(&x, c, s), (&wide, gc, gs)] {
+                let got = gate_fused(x, c, s, f).unwrap();
+                let want = gate_fused_reference(x, c, s, f).unwrap();
+                let d = max_diff(&got, &want) / max_abs(&want).max(1.0);
+                assert!(d < tol, "gate kernel vs reference {f:?} {dtype:?} {c} channels: {d:.2e}");
+            }
         }
-        // 11 channels: one full 8-lane tile and a partial one
-        let ch = 11;
+        // 21 channels: full tiles and a partial one (16 lanes in f32, 8 in f64)
+        let ch = 21;
         let lr = rng.tensor_on(&[9, 2 * ch * 16 + 3], dtype, &cpu);
         for bivector in [true, false] {
             let g = gp_fused(&lr, ch, 3, bivector).unwrap();

@@ -82,6 +82,15 @@ pub fn exp_nonpositive<const FUSED: bool>(x: f32) -> f32 {
     e * pow2
 }
 
+/// The logistic `1 / (1 + e⁻ᶻ)` for any `z`, from [`exp_nonpositive`] of `−|z|` (so nothing
+/// overflows); `FUSED` as for [`madd`].
+#[inline(always)]
+pub fn sigmoid<const FUSED: bool>(z: f32) -> f32 {
+    let e = exp_nonpositive::<FUSED>(-z.abs());
+    let r = 1.0 / (1.0 + e);
+    if z >= 0.0 { r } else { e * r }
+}
+
 /// `erf(x)` by Abramowitz & Stegun 7.1.26 (absolute error ≤ 1.5e-7), the formula PyTorch's own
 /// vectorised CPU `erf` uses; `FUSED` as for [`madd`].
 #[inline(always)]
@@ -174,6 +183,23 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(exp_nonpositive::<false>(0.0), 1.0);
         assert_eq!(exp_nonpositive::<true>(0.0), 1.0);
+    }
+
+    #[test]
+    fn sigmoid_matches_the_f64_logistic_everywhere() {
+        let mut worst = 0f64;
+        for i in 0..200_001 {
+            let z = (i as f32 - 100_000.0) * 1e-3;
+            let want = 1.0 / (1.0 + (-(z as f64)).exp());
+            for got in [sigmoid::<false>(z), sigmoid::<true>(z)] {
+                // relative in f32's normal range; below it (z < −87) the exp's clamp gives ~1.6e-38
+                worst = worst.max(((got as f64 - want).abs() - 2e-38).max(0.0) / want);
+            }
+        }
+        assert!(worst < 1e-6, "worst relative error {worst}");
+        assert_eq!(sigmoid::<false>(1e4), 1.0);
+        assert!(sigmoid::<false>(-1e4) < 1e-37);
+        assert!(sigmoid::<false>(f32::NAN).is_nan());
     }
 
     #[test]

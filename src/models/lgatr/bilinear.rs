@@ -6,6 +6,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout,
 use super::algebra::{geometric_product_table, GP_INDEX, GP_SIGN};
 use super::kernels::{par_rows, Field};
 use crate::error::{Error, Result};
+use crate::nn::fast_math::madd;
 
 /// `(R, 2·C·16 + P)` rows `[left (C, 16) | right (C, 16) | pass (P)]` →
 /// `(R, C·16 + P)` rows `[left_c · right_c (C, 16) | pass (P)]`.
@@ -71,6 +72,74 @@ impl GpKernel {
     }
 }
 
+impl GpKernel {
+    /// [`GpKernel::run`] for f32, vectorised by [`gp_row_f32`].
+    fn run_f32(&self, src: &[f32], rows: usize) -> Vec<f32> {
+        let (c, p, bivector) = (self.channels, self.pass, self.bivector);
+        par_rows(src, rows, 2 * c * 16 + p, c * 16 + p, |row_in, row_out| {
+            let (left, rest) = row_in.split_at(c * 16);
+            let (right, pass) = rest.split_at(c * 16);
+            let (gp, pass_out) = row_out.split_at_mut(c * 16);
+            gp_row_f32(left, right, gp, bivector);
+            pass_out.copy_from_slice(pass);
+        })
+    }
+}
+
+/// Channels to a tile in [`gp_row_f32`]: one AVX-512 register per multivector component.
+const TILE: usize = 16;
+
+/// Channels `first..first + n` (`n ≤ TILE`) of the `(C, 16)` multivectors `mv` as
+/// `tile[component][channel]`, zero past `n`.
+#[inline(always)]
+fn load_tile(mv: &[f32], first: usize, n: usize) -> [[f32; TILE]; 16] {
+    let mut tile = [[0f32; TILE]; 16];
+    for q in 0..n {
+        let at = (first + q) * 16;
+        for (j, component) in tile.iter_mut().enumerate() {
+            component[q] = mv[at + j];
+        }
+    }
+    tile
+}
+
+crate::nn::fast_math::simd_fn! {
+    /// One row's channel-wise geometric products `gp[c] = left[c] · right[c]` in f32, a tile of
+    /// channels at a time (one AVX-512 register per component), fused multiply-adds where the CPU
+    /// has them. (The generic kernel ran at SSE width, ~6 % of an L-GATr forward.)
+    fn gp_row_f32<FUSED>(left: &[f32], right: &[f32], gp: &mut [f32], bivector: bool) -> () {
+        let c = gp.len() / 16;
+        let mut ch = 0;
+        while ch < c {
+            let l = TILE.min(c - ch);
+            let (xs, ys) = (load_tile(left, ch, l), load_tile(right, ch, l));
+            let mut acc = [[0f32; TILE]; 16];
+            for (i, a) in acc.iter_mut().enumerate() {
+                if !bivector && (5..11).contains(&i) {
+                    continue;
+                }
+                // A multiply by the sign, not a branch on it: with the branch LLVM vectorised
+                // across `j` with gathers instead of across the tile.
+                let mut sum = [0f32; TILE];
+                for j in 0..16 {
+                    let (x, y, sign) = (&xs[j], &ys[GP_INDEX[i][j]], GP_SIGN[i][j] as f32);
+                    for q in 0..TILE {
+                        sum[q] = madd::<FUSED>(x[q] * sign, y[q], sum[q]);
+                    }
+                }
+                *a = sum;
+            }
+            for q in 0..l {
+                let at = (ch + q) * 16;
+                for (i, a) in acc.iter().enumerate() {
+                    gp[at + i] = a[q];
+                }
+            }
+            ch += l;
+        }
+    }
+}
+
 impl CustomOp1 for GpKernel {
     fn name(&self) -> &'static str {
         "lgatr-geometric-product"
@@ -86,7 +155,7 @@ impl CustomOp1 for GpKernel {
         }
         let out_shape = Shape::from((rows, self.channels * 16 + self.pass));
         match storage {
-            CpuStorage::F32(v) => Ok((CpuStorage::F32(self.run(&v[o1..o2], rows)), out_shape)),
+            CpuStorage::F32(v) => Ok((CpuStorage::F32(self.run_f32(&v[o1..o2], rows)), out_shape)),
             CpuStorage::F64(v) => Ok((CpuStorage::F64(self.run(&v[o1..o2], rows)), out_shape)),
             other => candle_core::bail!("lgatr gp kernel: unsupported dtype {:?}", other.dtype()),
         }

@@ -6,6 +6,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout,
 
 use super::algebra::{metric_grades, GRADE_INDEX, GRADE_SLICES};
 use super::config::Nonlinearity;
+use crate::nn::fast_math::{madd, sigmoid};
 
 /// Minimum number of elements per thread before a kernel splits work.
 const PAR_GRAIN: usize = 1 << 15;
@@ -24,10 +25,14 @@ pub(crate) trait Field:
     fn abs(self) -> Self;
     /// `f(self)` in the type's own precision, as [`Nonlinearity::apply`].
     fn nonlinearity(self, f: Nonlinearity) -> Self;
+    /// [`Field::nonlinearity`] on every element of `data`.
+    fn nonlinearity_in_place(data: &mut [Self], f: Nonlinearity) {
+        data.iter_mut().for_each(|x| *x = x.nonlinearity(f));
+    }
 }
 
 macro_rules! field {
-    ($t:ty, $k:expr) => {
+    ($t:ty, $k:expr $(, $in_place:path)?) => {
         impl Field for $t {
             fn to_f64(self) -> f64 {
                 self as f64
@@ -48,11 +53,37 @@ macro_rules! field {
                     Nonlinearity::Silu => x / (1.0 + (-x).exp()),
                 }
             }
+            $(
+                fn nonlinearity_in_place(data: &mut [Self], f: Nonlinearity) {
+                    $in_place(data, f)
+                }
+            )?
         }
     };
 }
-field!(f32, std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2);
+field!(f32, GELU_TANH_K, nonlinearity_f32_in_place);
 field!(f64, std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+
+/// `√(2/π)`, the tanh GELU's inner scale.
+const GELU_TANH_K: f32 = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
+
+crate::nn::fast_math::simd_fn! {
+    /// `f` on every f32 in `data`, vectorised: the tanh GELU, sigmoid and SiLU through
+    /// `0.5 · (1 + tanh u) = σ(2u)` and the overflow-free [`sigmoid`] (libm's scalar `tanhf`
+    /// took ~6 % of an L-GATr forward).
+    fn nonlinearity_f32_in_place<FUSED>(data: &mut [f32], f: Nonlinearity) -> () {
+        match f {
+            Nonlinearity::Gelu => data.iter_mut().for_each(|x| {
+                let v = *x;
+                let u = GELU_TANH_K * v * madd::<FUSED>(0.044_715 * v, v, 1.0);
+                *x = v * sigmoid::<FUSED>(2.0 * u);
+            }),
+            Nonlinearity::Sigmoid => data.iter_mut().for_each(|x| *x = sigmoid::<FUSED>(*x)),
+            Nonlinearity::Silu => data.iter_mut().for_each(|x| *x *= sigmoid::<FUSED>(*x)),
+            Nonlinearity::Relu | Nonlinearity::Tanh => data.iter_mut().for_each(|x| *x = x.nonlinearity(f)),
+        }
+    }
+}
 
 /// Whether the row kernels can run on `t` (CPU, f32 / f64).
 pub(crate) fn kernel_ok(t: &Tensor) -> bool {
@@ -212,15 +243,22 @@ impl GateKernel {
         let (c, s, f) = (self.c, self.s, self.f);
         let w = 16 * c + s;
         par_rows(src, rows, w, w, |x, y| {
-            for ch in 0..c {
-                let g = x[16 * ch].nonlinearity(f);
-                for i in 16 * ch..16 * ch + 16 {
-                    y[i] = x[i] * g;
+            let mut gates = [T::default(); 16];
+            for first in (0..c).step_by(16) {
+                let n = (c - first).min(16);
+                for (j, g) in gates[..n].iter_mut().enumerate() {
+                    *g = x[16 * (first + j)];
+                }
+                T::nonlinearity_in_place(&mut gates[..n], f);
+                for (j, &g) in gates[..n].iter().enumerate() {
+                    let ch = 16 * (first + j);
+                    for i in ch..ch + 16 {
+                        y[i] = x[i] * g;
+                    }
                 }
             }
-            for k in 16 * c..w {
-                y[k] = x[k].nonlinearity(f);
-            }
+            y[16 * c..].copy_from_slice(&x[16 * c..]);
+            T::nonlinearity_in_place(&mut y[16 * c..], f);
         })
     }
 }
