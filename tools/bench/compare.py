@@ -7,9 +7,11 @@ Usage (from the repo root, after `cargo build --release`; a quiet machine — no
 
 Each row builds its model with random O(1) weights (tools/fixtures/common.reinit), saves it in the hub
 layout under --workdir, exports ONNX (where the exporter can), and then runs the three engines in turn,
---rounds times, each round timing --repeat forward passes per engine after a warm-up (edgerun through
+--rounds times (each round in an order rotated by one place), each round timing --repeat forward passes per engine after a warm-up (edgerun through
 `edgerun forward --repeat N+1`, one process per round, load and its first pass excluded). Reported per row and variant: the
-median forward time, edgerun/ORT and edgerun/PyTorch, achieved GFLOP/s (FLOPs counted by PyTorch's
+median forward time; edgerun/ORT, edgerun/PyTorch and (for f16 and the quantized types) the variant/f32,
+each the median over rounds of that round's ratio of medians (paired: a slow phase of a shared host
+falls on both sides of a ratio instead of on whichever engine it overlapped); achieved GFLOP/s (FLOPs counted by PyTorch's
 FlopCounterMode on the reference forward), edgerun's peak RSS, and the max abs error of edgerun's output
 against PyTorch f32 relative to max(1, max|ref|) — so that a fast wrong answer shows. Variants: f32,
 and GGUF files made by `edgerun quantize --type <variant>`: f16 (weights held in f16, computed in f32
@@ -213,7 +215,7 @@ def main():
             case = BUILDERS[name](workdir)
         except ImportError as e:  # a reference package missing: say so and go on with the other rows
             print(f"== {name}: skipped, {e} (see tools/requirements*.txt)", flush=True)
-            lines.append(f"| {name} | skipped: {e} | | | | | | | | |")
+            lines.append(f"| {name} | skipped: {e} | | | | | | | | | |")
             continue
         torch.set_num_threads(threads())  # after the build: the fixture helpers pin one thread
         inp = os.path.join(workdir, "input.safetensors")
@@ -225,22 +227,37 @@ def main():
         have_onnx = case.onnx_module is not None and export_onnx(case.onnx_module, case.inputs, onnx_path, case.outputs)
         times = {"torch": [], "ort": [], "compiled": []}
         ours = {v: [] for v in a.variants}
+        rounds = []  # per round: {engine or variant: median ms}
         rss, err = {}, {}
-        for _ in range(a.rounds):
-            times["torch"] += time_torch(case.forward, case.inputs, a.repeat)
-            if have_onnx:
-                times["ort"] += time_onnx_session(onnx_path, case.inputs, a.repeat)
-            if hasattr(case, "compiled"):
-                times["compiled"] += time_torch(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
-            for v in a.variants:
-                try:
-                    ms, r, out = run_edgerun(a.binary, case, v, inp, a.repeat)
-                except RuntimeError as e:
-                    print(f"{name} {v}: {e}")
-                    continue
-                ours[v] += ms
-                rss[v] = max(rss.get(v, 0), r)
-                err[v] = rel_error(out, ref, case.outputs)
+        engines = ["torch"] + (["ort"] if have_onnx else []) + (["compiled"] if hasattr(case, "compiled") else [])
+        for k in range(a.rounds):
+            this_round = {}
+            # Each round starts one place further along, so that no engine or variant always runs
+            # right after the same other one.
+            order = engines + list(a.variants)
+            for item in order[k % len(order):] + order[:k % len(order)]:
+                if item == "torch":
+                    ms = time_torch(case.forward, case.inputs, a.repeat)
+                elif item == "ort":
+                    ms = time_onnx_session(onnx_path, case.inputs, a.repeat)
+                elif item == "compiled":
+                    ms = time_torch(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
+                else:
+                    try:
+                        ms, r, out = run_edgerun(a.binary, case, item, inp, a.repeat)
+                    except RuntimeError as e:
+                        print(f"{name} {item}: {e}")
+                        continue
+                    rss[item] = max(rss.get(item, 0), r)
+                    err[item] = rel_error(out, ref, case.outputs)
+                (times[item] if item in engines else ours[item]).extend(ms)
+                this_round[item] = median(ms)
+            rounds.append(this_round)
+
+        def paired(num, den):
+            """Median over rounds of num's median / den's median in the same round (None if never both)."""
+            r = [x[num] / x[den] for x in rounds if num in x and den in x]
+            return median(r) if r else None
         t_torch, t_ort, t_comp = median(times["torch"]), median(times["ort"]), median(times["compiled"])
         ref_s = f"PyTorch {t_torch:.0f} ms" + (f", ORT {t_ort:.0f} ms" if times["ort"] else ", ORT n/a") + (
             f", torch.compile {t_comp:.0f} ms" if times["compiled"] else "")
@@ -251,9 +268,11 @@ def main():
             if not ours[v]:
                 continue
             t = median(ours[v])
-            vs_ort = f"{t / t_ort:.2f}" if times["ort"] else "—"
-            vs_torch = f"{t / t_torch:.2f}" + (f" (compiled {t / t_comp:.2f})" if times["compiled"] else "")
-            row = (f"| {case.label} | {v} | {torch_cell} | {ort_cell} | {t:.0f} | {vs_ort} | {vs_torch} | "
+            vs_ort = f"{paired(v, 'ort'):.2f}" if times["ort"] else "—"
+            vs_torch = f"{paired(v, 'torch'):.2f}" + (f" (compiled {paired(v, 'compiled'):.2f})" if times["compiled"] else "")
+            vs_f32 = paired(v, "f32") if v != "f32" else None
+            vs_f32 = f"{vs_f32:.2f}" if vs_f32 is not None else "—"
+            row = (f"| {case.label} | {v} | {torch_cell} | {ort_cell} | {t:.0f} | {vs_ort} | {vs_torch} | {vs_f32} | "
                    f"{flops / t / 1e6:.0f} | {rss[v]:.0f} | {err[v]:.1e} |")
             print(row, flush=True)
             lines.append(row)
@@ -262,9 +281,10 @@ def main():
 
 def write_results(a, lines):
     write_table(a.results, "Side-by-side CPU results", "compare.py", f"Machine: {machine()}.", a.rounds, a.repeat,
+                "Ratios: median over rounds of the ratio of the two medians in that round (paired). "
                 "Error: max |edgerun − PyTorch f32| / max(1, max|PyTorch|) over the outputs.",
                 ["model @ input", "edgerun", "PyTorch ms", "ORT ms", "edgerun ms", "edgerun / ORT", "edgerun / PyTorch",
-                 "edgerun GFLOP/s", "edgerun peak RSS MiB", "error"], lines)
+                 "variant / f32", "edgerun GFLOP/s", "edgerun peak RSS MiB", "error"], lines)
 
 if __name__ == "__main__":
     main()
