@@ -17,83 +17,28 @@ struct GpKernel {
     bivector: bool,
 }
 
-/// Channels processed together (structure-of-arrays tile, one SIMD lane each).
-const LANES: usize = 8;
+/// Channels to a tile: one AVX-512 register of f32 per multivector component.
+const TILE: usize = 16;
 
 impl GpKernel {
-    fn run<T: Field>(&self, src: &[T], rows: usize) -> Vec<T> {
-        let (c, p) = (self.channels, self.pass);
-        let w_in = 2 * c * 16 + p;
-        let w_out = c * 16 + p;
-        let bivector = self.bivector;
-        par_rows(src, rows, w_in, w_out, |row_in, row_out| {
-            let (left, rest) = row_in.split_at(c * 16);
-            let (right, pass) = rest.split_at(c * 16);
-            let (gp, pass_out) = row_out.split_at_mut(c * 16);
-            let mut ch = 0;
-            while ch < c {
-                let l = LANES.min(c - ch);
-                let mut xs = [[T::default(); LANES]; 16];
-                let mut ys = [[T::default(); LANES]; 16];
-                for q in 0..l {
-                    for j in 0..16 {
-                        xs[j][q] = left[(ch + q) * 16 + j];
-                        ys[j][q] = right[(ch + q) * 16 + j];
-                    }
-                }
-                let mut acc = [[T::default(); LANES]; 16];
-                for i in 0..16 {
-                    if !bivector && (5..11).contains(&i) {
-                        continue;
-                    }
-                    for j in 0..16 {
-                        let (x, y) = (&xs[j], &ys[GP_INDEX[i][j]]);
-                        let a = &mut acc[i];
-                        if GP_SIGN[i][j] > 0.0 {
-                            for q in 0..LANES {
-                                a[q] = a[q] + x[q] * y[q];
-                            }
-                        } else {
-                            for q in 0..LANES {
-                                a[q] = a[q] - x[q] * y[q];
-                            }
-                        }
-                    }
-                }
-                for q in 0..l {
-                    for i in 0..16 {
-                        gp[(ch + q) * 16 + i] = acc[i][q];
-                    }
-                }
-                ch += l;
-            }
-            pass_out.copy_from_slice(pass);
-        })
-    }
-}
-
-impl GpKernel {
-    /// [`GpKernel::run`] for f32, vectorised by [`gp_row_f32`].
-    fn run_f32(&self, src: &[f32], rows: usize) -> Vec<f32> {
+    /// The kernel on `rows` rows of `src`, `row_products` computing each row's channel products.
+    fn run<T: Field>(&self, src: &[T], rows: usize, row_products: impl Fn(&[T], &[T], &mut [T], bool) + Sync) -> Vec<T> {
         let (c, p, bivector) = (self.channels, self.pass, self.bivector);
         par_rows(src, rows, 2 * c * 16 + p, c * 16 + p, |row_in, row_out| {
             let (left, rest) = row_in.split_at(c * 16);
             let (right, pass) = rest.split_at(c * 16);
             let (gp, pass_out) = row_out.split_at_mut(c * 16);
-            gp_row_f32(left, right, gp, bivector);
+            row_products(left, right, gp, bivector);
             pass_out.copy_from_slice(pass);
         })
     }
 }
 
-/// Channels to a tile in [`gp_row_f32`]: one AVX-512 register per multivector component.
-const TILE: usize = 16;
-
 /// Channels `first..first + n` (`n ≤ TILE`) of the `(C, 16)` multivectors `mv` as
 /// `tile[component][channel]`, zero past `n`.
 #[inline(always)]
-fn load_tile(mv: &[f32], first: usize, n: usize) -> [[f32; TILE]; 16] {
-    let mut tile = [[0f32; TILE]; 16];
+fn load_tile<T: Field>(mv: &[T], first: usize, n: usize) -> [[T; TILE]; 16] {
+    let mut tile = [[T::default(); TILE]; 16];
     for q in 0..n {
         let at = (first + q) * 16;
         for (j, component) in tile.iter_mut().enumerate() {
@@ -103,41 +48,49 @@ fn load_tile(mv: &[f32], first: usize, n: usize) -> [[f32; TILE]; 16] {
     tile
 }
 
-crate::nn::fast_math::simd_fn! {
-    /// One row's channel-wise geometric products `gp[c] = left[c] · right[c]` in f32, a tile of
-    /// channels at a time (one AVX-512 register per component), fused multiply-adds where the CPU
-    /// has them. (The generic kernel ran at SSE width, ~6 % of an L-GATr forward.)
-    fn gp_row_f32<FUSED>(left: &[f32], right: &[f32], gp: &mut [f32], bivector: bool) -> () {
-        let c = gp.len() / 16;
-        let mut ch = 0;
-        while ch < c {
-            let l = TILE.min(c - ch);
-            let (xs, ys) = (load_tile(left, ch, l), load_tile(right, ch, l));
-            let mut acc = [[0f32; TILE]; 16];
-            for (i, a) in acc.iter_mut().enumerate() {
-                if !bivector && (5..11).contains(&i) {
-                    continue;
-                }
-                // A multiply by the sign, not a branch on it: with the branch LLVM vectorised
-                // across `j` with gathers instead of across the tile.
-                let mut sum = [0f32; TILE];
-                for j in 0..16 {
-                    let (x, y, sign) = (&xs[j], &ys[GP_INDEX[i][j]], GP_SIGN[i][j] as f32);
-                    for q in 0..TILE {
-                        sum[q] = madd::<FUSED>(x[q] * sign, y[q], sum[q]);
-                    }
-                }
-                *a = sum;
+/// One row's channel-wise geometric products `gp[c] = left[c] · right[c]`, a tile of channels at
+/// a time, with `madd(a, b, c) = a · b + c`. The sign is a multiply, not a branch: with the branch
+/// LLVM vectorised across the 16 gather terms (with gathers) instead of across the tile.
+#[inline(always)]
+fn gp_row<T: Field>(left: &[T], right: &[T], gp: &mut [T], bivector: bool, madd: impl Fn(T, T, T) -> T) {
+    let c = gp.len() / 16;
+    let mut ch = 0;
+    while ch < c {
+        let l = TILE.min(c - ch);
+        let (xs, ys) = (load_tile(left, ch, l), load_tile(right, ch, l));
+        let mut acc = [[T::default(); TILE]; 16];
+        for (i, a) in acc.iter_mut().enumerate() {
+            if !bivector && (5..11).contains(&i) {
+                continue;
             }
-            for q in 0..l {
-                let at = (ch + q) * 16;
-                for (i, a) in acc.iter().enumerate() {
-                    gp[at + i] = a[q];
+            for j in 0..16 {
+                let (x, y, sign) = (&xs[j], &ys[GP_INDEX[i][j]], T::from_f64(GP_SIGN[i][j]));
+                for q in 0..TILE {
+                    a[q] = madd(x[q] * sign, y[q], a[q]);
                 }
             }
-            ch += l;
         }
+        for q in 0..l {
+            let at = (ch + q) * 16;
+            for (i, a) in acc.iter().enumerate() {
+                gp[at + i] = a[q];
+            }
+        }
+        ch += l;
     }
+}
+
+crate::nn::fast_math::simd_fn! {
+    /// [`gp_row`] in f32 at the CPU's vector width, with fused multiply-adds where it has them
+    /// (the baseline build ran at SSE width: ~7 % of an L-GATr forward, 3.5 % this way).
+    fn gp_row_f32<FUSED>(left: &[f32], right: &[f32], gp: &mut [f32], bivector: bool) -> () {
+        gp_row(left, right, gp, bivector, madd::<FUSED>)
+    }
+}
+
+/// [`gp_row`] with a separate multiply and add (f64).
+fn gp_row_unfused<T: Field>(left: &[T], right: &[T], gp: &mut [T], bivector: bool) {
+    gp_row(left, right, gp, bivector, |a, b, c| a * b + c)
 }
 
 impl CustomOp1 for GpKernel {
@@ -155,8 +108,8 @@ impl CustomOp1 for GpKernel {
         }
         let out_shape = Shape::from((rows, self.channels * 16 + self.pass));
         match storage {
-            CpuStorage::F32(v) => Ok((CpuStorage::F32(self.run_f32(&v[o1..o2], rows)), out_shape)),
-            CpuStorage::F64(v) => Ok((CpuStorage::F64(self.run(&v[o1..o2], rows)), out_shape)),
+            CpuStorage::F32(v) => Ok((CpuStorage::F32(self.run(&v[o1..o2], rows, gp_row_f32)), out_shape)),
+            CpuStorage::F64(v) => Ok((CpuStorage::F64(self.run(&v[o1..o2], rows, gp_row_unfused)), out_shape)),
             other => candle_core::bail!("lgatr gp kernel: unsupported dtype {:?}", other.dtype()),
         }
     }
@@ -262,12 +215,12 @@ pub fn geometric_product_with(x: &Tensor, y: &Tensor, imp: GpImpl) -> Result<Ten
     let (x2, y2) = (x.reshape((r, 16))?, y.reshape((r, 16))?);
     let out = match imp {
         GpImpl::Kernel if use_kernel(&x2) => {
-            // rows of LANES products, so that the kernel's SIMD tile is full
-            let pad = r.next_multiple_of(LANES) - r;
+            // rows of TILE products, so that the kernel's SIMD tile is full
+            let pad = r.next_multiple_of(TILE) - r;
             let (xp, yp) = (x2.pad_with_zeros(0, 0, pad)?, y2.pad_with_zeros(0, 0, pad)?);
-            let rows = (r + pad) / LANES;
-            let lr = Tensor::cat(&[&xp.reshape((rows, LANES * 16))?, &yp.reshape((rows, LANES * 16))?], 1)?;
-            gp_fused(&lr, LANES, 0, true)?.reshape((r + pad, 16))?.narrow(0, 0, r)?
+            let rows = (r + pad) / TILE;
+            let lr = Tensor::cat(&[&xp.reshape((rows, TILE * 16))?, &yp.reshape((rows, TILE * 16))?], 1)?;
+            gp_fused(&lr, TILE, 0, true)?.reshape((r + pad, 16))?.narrow(0, 0, r)?
         }
         GpImpl::Kernel | GpImpl::Dense => gp_dense_rows(&x2, &y2)?,
         GpImpl::Gather => gp_gather_rows(&x2, &y2)?,
