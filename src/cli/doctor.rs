@@ -45,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => "none",
     };
     let int8_attention = if edgerun::nn::amx::available() { "AMX" } else { "none (f32)" };
-    outln!("int8 (Q8_0):   GEMM {int8_gemm}, attention {int8_attention}");
+    outln!("int8 (Q8_0, Q4_K): GEMM {int8_gemm}, attention {int8_attention}");
     let f16_matrices = if edgerun::nn::amx::bf16_available() { "AMX-BF16 tiles (split into bf16 pairs, f32 sums)" } else { "widened to f32 per product" };
     outln!("f16 matrices:  {f16_matrices}");
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));

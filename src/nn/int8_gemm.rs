@@ -102,6 +102,62 @@ pub fn available() -> bool {
     Kernel::detect().is_some()
 }
 
+/// Values of one GGUF Q4_K block.
+const Q4K_VALUES: usize = 256;
+/// Bytes of one GGUF Q4_K block: f16 `d` and `dmin`, 12 bytes of 6-bit sub-block scales and
+/// minimums, 128 bytes of 4-bit values.
+const Q4K_BYTES: usize = 144;
+
+/// One Q4_K block (`src`, 144 bytes) as the eight Q8_0 blocks (`dst`, 8 × 34 bytes) that Candle's
+/// f32 → Q8_0 rounding makes of its dequantized values: each sub-block of 32 holds at most 16 levels
+/// `d·sc·q − dmin·m`, so those are rounded once each (the same f32 operations as Candle's `to_float`
+/// and `from_float`, without their `roundf` call per value).
+fn q4k_to_q8_0(src: &[u8], dst: &mut [u8]) {
+    let d = half::f16::from_le_bytes([src[0], src[1]]).to_f32();
+    let dmin = half::f16::from_le_bytes([src[2], src[3]]).to_f32();
+    let scales = &src[4..16];
+    let (qs, mut out) = (&src[16..Q4K_BYTES], dst.chunks_exact_mut(BLOCK_BYTES));
+    for sub in 0..Q4K_VALUES / BLOCK {
+        // Candle's get_scale_min_k4: six bits each of scale and minimum per sub-block.
+        let (sc, m) = match sub {
+            0..4 => (scales[sub] & 63, scales[sub + 4] & 63),
+            _ => ((scales[sub + 4] & 0xF) | ((scales[sub - 4] >> 6) << 4), (scales[sub + 4] >> 4) | ((scales[sub] >> 6) << 4)),
+        };
+        let (scale, min) = (d * sc as f32, dmin * m as f32);
+        // Sub-blocks 2j and 2j + 1 are the low and high nibbles of the same 32 bytes.
+        let bytes = &qs[sub / 2 * BLOCK..][..BLOCK];
+        let shift = 4 * (sub % 2);
+        let level = |q: u8| scale * q as f32 - min;
+        let (mut used, mut amax) = (0u16, 0f32);
+        for &b in bytes {
+            used |= 1 << ((b >> shift) & 0xF);
+        }
+        for q in 0..16u8 {
+            if used & (1 << q) != 0 {
+                amax = amax.max(level(q).abs());
+            }
+        }
+        let step = amax / 127.0;
+        let inv = if step != 0.0 { 1.0 / step } else { 0.0 };
+        let rounded: [u8; 16] = std::array::from_fn(|q| round_to_i8(level(q as u8) * inv) as u8);
+        let Some(block) = out.next() else { return };
+        block[..2].copy_from_slice(&half::f16::from_f32(step).to_le_bytes());
+        for (o, &b) in block[2..].iter_mut().zip(bytes) {
+            *o = rounded[((b >> shift) & 0xF) as usize];
+        }
+    }
+}
+
+/// `v.round() as i8` (halves away from zero, saturating, NaN to 0) without a call to libm's `roundf`,
+/// which x86-64's baseline has no instruction for: `v − trunc(v)` is exact once `v` is clamped.
+#[inline(always)]
+fn round_to_i8(v: f32) -> i8 {
+    let v = v.clamp(-128.0, 127.0);
+    let t = v as i32;
+    let frac = v - t as f32;
+    (t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32) as i8
+}
+
 impl PackedQ8 {
     /// Repacks the raw GGUF Q8_0 data of an `[n, k]` matrix; `None` when `k` is not a multiple of
     /// 32 or the data does not have the size of `n · k/32` blocks.
@@ -126,6 +182,24 @@ impl PackedQ8 {
             }
         });
         Some(PackedQ8 { n, k, blocks })
+    }
+
+    /// The raw GGUF Q4_K data of an `[n, k]` matrix rounded to Q8_0 and repacked, rows in parallel:
+    /// the same blocks as dequantizing it and rounding the values as Candle rounds f32 to Q8_0
+    /// ([`q4k_to_q8_0`]). `None` when `k` is not a multiple of 256 or the data does not have the size
+    /// of `n · k/256` blocks.
+    pub fn from_q4k(data: &[u8], n: usize, k: usize) -> Option<Self> {
+        if k == 0 || n == 0 || !k.is_multiple_of(Q4K_VALUES) || data.len() != n.checked_mul(k / Q4K_VALUES)?.checked_mul(Q4K_BYTES)? {
+            return None;
+        }
+        let (row_q4k, row_q8) = (k / Q4K_VALUES * Q4K_BYTES, k / BLOCK * BLOCK_BYTES);
+        let mut q8 = vec![0u8; n * row_q8];
+        q8.par_chunks_mut(row_q8).zip(data.par_chunks(row_q4k)).for_each(|(dst, src)| {
+            for (q4k, q8) in src.chunks_exact(Q4K_BYTES).zip(dst.chunks_exact_mut(Q4K_VALUES / BLOCK * BLOCK_BYTES)) {
+                q4k_to_q8_0(q4k, q8);
+            }
+        });
+        Self::from_q8_0(&q8, n, k)
     }
 
     /// An f32 `[n, k]` matrix rounded to Q8_0 (Candle's rounding, as `edgerun quantize` writes it)
@@ -522,6 +596,60 @@ mod tests {
 
     fn input(m: usize, k: usize) -> Vec<f32> {
         (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0).collect()
+    }
+
+    /// The inline rounding is `f32::round` cast to i8 everywhere it can differ: halves, the values
+    /// next to them, saturation, infinities and NaN.
+    #[test]
+    fn round_to_i8_is_round_then_cast() {
+        let mut values = vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e9, -1e9, 127.5, -128.5, 126.5, -127.5, 0.0, -0.0];
+        for i in -130i32..=130 {
+            for v in [i as f32 + 0.5, i as f32 - 0.5, i as f32] {
+                values.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits().wrapping_sub(1))]);
+            }
+        }
+        for v in values {
+            assert_eq!(round_to_i8(v), v.round() as i8, "{v:e}");
+        }
+    }
+
+    /// A Q4_K matrix is held as its dequantized values rounded to Q8_0 (the same blocks, scales and
+    /// offsets as through f32), and its product tracks the Q4_K values' within the 8-bit rounding;
+    /// data of another size is refused.
+    #[test]
+    fn q4k_rows_round_to_q8_0_as_their_dequantized_values() {
+        use candle_core::quantized::{GgmlDType, QTensor};
+        let cpu = candle_core::Device::Cpu;
+        let (n, k) = (37, 512);
+        // A row of zeros: blocks whose step is 0.
+        let zeros = candle_core::Tensor::zeros((1, k), candle_core::DType::F32, &cpu).unwrap();
+        let w = candle_core::Tensor::cat(&[&zeros, &crate::nn::test_values::spread((n - 1, k), 5, &cpu)], 0).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
+        let data = q.data().unwrap();
+        let direct = PackedQ8::from_q4k(&data, n, k).unwrap();
+        let dequantized = q.dequantize(&cpu).unwrap();
+        let via_f32 = PackedQ8::from_f32(&dequantized).unwrap().unwrap();
+        assert_eq!((direct.n, direct.k, direct.blocks.len()), (via_f32.n, via_f32.k, via_f32.blocks.len()));
+        // Candle rounds to Q8_0 with NEON code on aarch64 (where no int8 kernel takes Q4_K), elsewhere
+        // with the scalar code that `q4k_to_q8_0` follows.
+        if cfg!(not(all(target_arch = "aarch64", target_feature = "neon"))) {
+            for (a, b) in direct.blocks.iter().zip(&via_f32.blocks) {
+                assert!(a.qs == b.qs && a.scale == b.scale && a.offset == b.offset);
+            }
+        }
+        assert!(PackedQ8::from_q4k(&data[..data.len() - 144], n, k).is_none());
+        assert!(PackedQ8::from_q4k(&data, n, k - 32).is_none());
+        if !available() {
+            return;
+        }
+        let m = 9;
+        let x = input(m, k);
+        let values = dequantized.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let want = reference(&x, &values, m, n, k, None);
+        let got = direct.matmul(&x, m, None).unwrap();
+        let max = want.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let err = got.iter().zip(&want).fold(0f32, |a, (g, r)| a.max((g - r).abs()));
+        assert!(err < 0.02 * max, "max error {err} against {max}");
     }
 
     #[test]

@@ -61,6 +61,28 @@ fn dequantized_for(q: &QMatMul, x: &Tensor) -> candle_core::Result<Option<Tensor
     }
 }
 
+/// Whether a matrix stored as `dtype` runs the int8 GEMM on this CPU: Q8_0 as it is, Q4_K rounded to
+/// Q8_0 at load ([`held_for_cpu`]).
+pub fn runs_int8_when_stored_as(dtype: GgmlDType) -> bool {
+    matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K) && int8_gemm::available()
+}
+
+/// How a block-quantized `[n, k]` matrix is held on the CPU when not by Candle's kernel: Q8_0 repacked
+/// for the int8 GEMM, or in rows widened per product where this CPU has no int8 kernel; Q4_K rounded
+/// to Q8_0 for the int8 GEMM where it has one (its 16 levels per block of 32 land within half an
+/// 8-bit step, far inside the 4-bit step; Candle's Q4_K kernel ran CHMv2 at 1.45 × f32's time, and it
+/// too rounds the activations to 8 bits). The rounding holds 8.5 bits per value instead of 4.5:
+/// `EDGERUN_NO_INT8=1` keeps Candle's kernel and the 4-bit memory. `None`: Candle's kernel.
+fn held_for_cpu(q: &candle_core::quantized::QTensor, n: usize, k: usize) -> candle_core::Result<Option<Weight>> {
+    use std::sync::Arc;
+    Ok(match q.dtype() {
+        GgmlDType::Q8_0 if int8_gemm::available() => PackedQ8::from_q8_0(&q.data()?, n, k).map(|p| Weight::Int8(Arc::new(p))),
+        GgmlDType::Q8_0 => Q8Rows::from_q8_0(&q.data()?, n, k).map(|r| Weight::Q8Rows(Arc::new(r))),
+        GgmlDType::Q4K if int8_gemm::available() => PackedQ8::from_q4k(&q.data()?, n, k).map(|p| Weight::Int8(Arc::new(p))),
+        _ => None,
+    })
+}
+
 /// Whether `vb`'s `weight` is stored in f16 (GGUF or safetensors) and is to be used in f32 on the CPU,
 /// frozen: then it is held in f16 and widened per product ([`Weight::Half`]).
 fn stored_f16_for_f32_cpu(vb: &Vb) -> bool {
@@ -403,18 +425,9 @@ impl Linear {
                         format!("expected shape {:?}, found {:?}", [out_dim, in_dim], q.shape().dims()),
                     ));
                 }
-                if q.dtype() == GgmlDType::Q8_0 && vb.device().is_cpu() {
-                    let data = q.data()?;
-                    let weight = if int8_gemm::available() {
-                        PackedQ8::from_q8_0(&data, out_dim, in_dim).map(|p| Weight::Int8(std::sync::Arc::new(p)))
-                    } else {
-                        Q8Rows::from_q8_0(&data, out_dim, in_dim).map(|q| Weight::Q8Rows(std::sync::Arc::new(q)))
-                    };
-                    if let Some(weight) = weight {
-                        drop(data);
-                        vb.store().release_pages();
-                        return Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim });
-                    }
+                if let Some(weight) = vb.device().is_cpu().then(|| held_for_cpu(&q, out_dim, in_dim)).transpose()?.flatten() {
+                    vb.store().release_pages();
+                    return Ok(Linear { weight, bias: load_bias(vb, out_dim, bias)?, out_dim });
                 }
                 let rows = settle_rows(q.dtype());
                 let q = QMatMul::from_qtensor(q)?;
@@ -820,6 +833,32 @@ mod tests {
                     assert!(err < 1e-6, "{name}, bias {}: {err}", bias.is_some());
                 }
             }
+        }
+    }
+
+    /// Q8_0 and Q4_K matrices run the int8 GEMM where this CPU has it; elsewhere Q8_0 is held in rows
+    /// and Q4_K stays with Candle's kernel, as does every other block type.
+    #[test]
+    fn block_quantized_matrices_take_the_int8_gemm_where_it_runs() {
+        use candle_core::quantized::QTensor;
+        let (n, k) = (24, 256);
+        let w = crate::nn::test_values::spread((n, k), 3, &Device::Cpu);
+        let int8 = int8_gemm::available();
+        for dtype in [GgmlDType::Q8_0, GgmlDType::Q4K, GgmlDType::Q4_0, GgmlDType::Q6K] {
+            let held = held_for_cpu(&QTensor::quantize(&w, dtype).unwrap(), n, k).unwrap();
+            let expected = match dtype {
+                GgmlDType::Q8_0 | GgmlDType::Q4K if int8 => "int8",
+                GgmlDType::Q8_0 => "rows",
+                _ => "candle",
+            };
+            let got = match held {
+                Some(Weight::Int8(_)) => "int8",
+                Some(Weight::Q8Rows(_)) => "rows",
+                None => "candle",
+                Some(_) => "other",
+            };
+            assert_eq!(got, expected, "{dtype:?}");
+            assert_eq!(runs_int8_when_stored_as(dtype), expected == "int8", "{dtype:?}");
         }
     }
 

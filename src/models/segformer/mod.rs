@@ -15,7 +15,6 @@
 //! at load time) + ReLU, 1×1 classifier → logits `[B, num_labels, H/4, W/4]`.
 use std::collections::BTreeMap;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Conv2dConfig, LayerNorm};
 use crate::nn::conv::Conv2d;
@@ -543,10 +542,10 @@ impl DecodeHead {
         let b32 = (beta - (&mean * &inv)?)?;
         let fuse = Fuse::Folded(Conv2d::new(w32.to_dtype(vb.dtype())?, Some(b32.to_dtype(vb.dtype())?), Conv2dConfig::default()));
         // The folded form, computed in f64 from the f32 weights (on the CPU, then moved). A head
-        // whose projections a Q8_0 file holds in 8 bits is held for the int8 GEMM, as the encoder's
-        // linears of such a file are.
-        let int8 = crate::nn::int8_gemm::available()
-            && vb.store().stored_dtype(&vb.pp("linear_c").pp(0).pp("proj").path("weight")) == Some(StoredDType::Ggml(GgmlDType::Q8_0));
+        // whose projections a Q8_0 or Q4_K file holds quantized is held for the int8 GEMM, as the
+        // encoder's linears of such a file are.
+        let int8 = matches!(vb.store().stored_dtype(&vb.pp("linear_c").pp(0).pp("proj").path("weight")),
+            Some(StoredDType::Ggml(t)) if crate::nn::linear::runs_int8_when_stored_as(t));
         let folded = if vb.dtype() == DType::F32 && vb.device().is_cpu() {
             let wf = w32.reshape((d, n * d))?.to_dtype(DType::F64)?;
             let mut bias = b32.to_dtype(DType::F64)?;
