@@ -116,8 +116,8 @@ fn q4k_to_q8_0(src: &[u8], dst: &mut [u8]) {
     let d = half::f16::from_le_bytes([src[0], src[1]]).to_f32();
     let dmin = half::f16::from_le_bytes([src[2], src[3]]).to_f32();
     let scales = &src[4..16];
-    let (qs, mut out) = (&src[16..Q4K_BYTES], dst.chunks_exact_mut(BLOCK_BYTES));
-    for sub in 0..Q4K_VALUES / BLOCK {
+    let qs = &src[16..Q4K_BYTES];
+    for (sub, block) in dst.chunks_exact_mut(BLOCK_BYTES).take(Q4K_VALUES / BLOCK).enumerate() {
         // Candle's get_scale_min_k4: six bits each of scale and minimum per sub-block.
         let (sc, m) = match sub {
             0..4 => (scales[sub] & 63, scales[sub + 4] & 63),
@@ -140,7 +140,6 @@ fn q4k_to_q8_0(src: &[u8], dst: &mut [u8]) {
         let step = amax / 127.0;
         let inv = if step != 0.0 { 1.0 / step } else { 0.0 };
         let rounded: [u8; 16] = std::array::from_fn(|q| round_to_i8(level(q as u8) * inv) as u8);
-        let Some(block) = out.next() else { return };
         block[..2].copy_from_slice(&half::f16::from_f32(step).to_le_bytes());
         for (o, &b) in block[2..].iter_mut().zip(bytes) {
             *o = rounded[((b >> shift) & 0xF) as usize];

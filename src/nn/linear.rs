@@ -71,14 +71,15 @@ pub fn runs_int8_when_stored_as(dtype: GgmlDType) -> bool {
 /// for the int8 GEMM, or in rows widened per product where this CPU has no int8 kernel; Q4_K rounded
 /// to Q8_0 for the int8 GEMM where it has one (its 16 levels per block of 32 land within half an
 /// 8-bit step, far inside the 4-bit step; Candle's Q4_K kernel ran CHMv2 at 1.45 × f32's time, and it
-/// too rounds the activations to 8 bits). The rounding holds 8.5 bits per value instead of 4.5:
-/// `EDGERUN_NO_INT8=1` keeps Candle's kernel and the 4-bit memory. `None`: Candle's kernel.
+/// too rounds the activations to 8 bits). The rounding holds 8.5 bits per value where Candle's repacked
+/// copy holds ~6: `EDGERUN_NO_INT8=1` keeps Candle's kernel and its memory. `None`: Candle's kernel.
 fn held_for_cpu(q: &candle_core::quantized::QTensor, n: usize, k: usize) -> candle_core::Result<Option<Weight>> {
     use std::sync::Arc;
+    let int8 = |p: Option<PackedQ8>| p.map(|p| Weight::Int8(Arc::new(p)));
     Ok(match q.dtype() {
-        GgmlDType::Q8_0 if int8_gemm::available() => PackedQ8::from_q8_0(&q.data()?, n, k).map(|p| Weight::Int8(Arc::new(p))),
+        GgmlDType::Q4K if runs_int8_when_stored_as(GgmlDType::Q4K) => int8(PackedQ8::from_q4k(&q.data()?, n, k)),
+        GgmlDType::Q8_0 if runs_int8_when_stored_as(GgmlDType::Q8_0) => int8(PackedQ8::from_q8_0(&q.data()?, n, k)),
         GgmlDType::Q8_0 => Q8Rows::from_q8_0(&q.data()?, n, k).map(|r| Weight::Q8Rows(Arc::new(r))),
-        GgmlDType::Q4K if int8_gemm::available() => PackedQ8::from_q4k(&q.data()?, n, k).map(|p| Weight::Int8(Arc::new(p))),
         _ => None,
     })
 }
