@@ -170,13 +170,13 @@ enum Layout {
 
 /// `out[:, j0 .. j0 + nb] (+)= x [rows, k] · w` for `x` row-major with row stride `ldx`, a weight
 /// block `w` of `nb` output columns laid out as `layout` says, and the row-major `[rows, n]` output
-/// at `out` (read first when `accumulate`).
+/// at `out` (read first when `accumulate`), on this thread.
 ///
 /// # Safety
 /// `out` addresses `rows × n` floats that no other task writes in columns `j0 .. j0 + nb`;
 /// `xs` holds `rows` rows of `k` floats `ldx` apart and `ws` the block's `nb × k` values at its layout.
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx: usize, rows: usize, k: usize, ws: &[f32], layout: Layout, nb: usize, accumulate: bool, par: gemm::Parallelism) {
+unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx: usize, rows: usize, k: usize, ws: &[f32], layout: Layout, nb: usize, accumulate: bool) {
     let (rhs_cs, rhs_rs) = match layout {
         Layout::OutIn => (k as isize, 1),
         Layout::InOut { stride } => (1, stride as isize),
@@ -186,50 +186,71 @@ unsafe fn gemm_into_columns(out: *mut f32, n: usize, j0: usize, xs: &[f32], ldx:
         out.add(j0), 1, n as isize, accumulate,
         xs.as_ptr(), 1, ldx as isize,
         ws.as_ptr(), rhs_cs, rhs_rs,
-        1.0, 1.0, false, false, false, par,
+        1.0, 1.0, false, false, false, gemm::Parallelism::None,
     );
 }
 
-/// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`: from
-/// [`MIN_BLOCKED_DEPTH`] input features, blocks of the output, one single-threaded GEMM each, taken
-/// by the threads as they come free (see [`OutputBlocks`]); shallower, one block by the threaded GEMM.
-/// Then the bias.
+/// `x [rows, k] · w + bias` for row-major f32 `x` and a transposed f32 weight `w [k, n]`: blocks of
+/// the output, one single-threaded GEMM each, taken by the threads as they come free (see
+/// [`OutputBlocks`]). Then the bias.
 fn xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[f32], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads();
-    let (blocks, par) = match k < MIN_BLOCKED_DEPTH && threads > 1 {
-        true => (OutputBlocks::new(rows, n, 1), gemm::Parallelism::Rayon(threads)),
-        false => (OutputBlocks::new(rows, n, threads), gemm::Parallelism::None),
-    };
-    product_plus_bias(rows, n, k, bias, post, |out| {
-        let dst = super::cpu_slice::SharedOut(out);
-        (0..blocks.count()).into_par_iter().for_each(|b| {
-            let ((i0, mr), (j0, nc)) = blocks.block(b);
-            // SAFETY: this task alone writes rows i0 .. i0 + mr, columns j0 .. j0 + nc of the
-            // rows × n output; `xs[i0 · k..]` holds those mr rows of k floats and `ws[j0..]` the
-            // block's nc columns of the k × n weight, rows n apart.
-            unsafe { gemm_into_columns(dst.at(i0 * n), n, j0, &xs[i0 * k..], k, mr, k, &ws[j0..], Layout::InOut { stride: n }, nc, false, par) };
-        });
-    })
+    // SAFETY: `out` is rows × n with this call its only writer, `xs` rows × k, `ws` k × n.
+    product_plus_bias(rows, n, k, bias, post, |out| unsafe { blocked_xw_into(out, xs, k, rows, k, ws, n, false) })
 }
 
-/// The shallowest product cut into [`OutputBlocks`]: below it the `gemm` crate's threads wait for
-/// each other once or twice per product, and packing `x` once per column block cost more than the
-/// balance gained (L-GATr's 288–576-deep maps at 6,400 rows: 1.05–1.08× the time).
-const MIN_BLOCKED_DEPTH: usize = 768;
+/// `out (+)= x [rows, k] · w` for `x` row-major with row stride `ldx`, a row-major `w [k, n]` and
+/// the row-major `[rows, n]` output, in [`OutputBlocks`] taken by the threads as they come free.
+///
+/// # Safety
+/// `out` addresses `rows × n` floats that nothing else touches meanwhile; `xs` holds `rows` rows of
+/// `k` floats `ldx` apart and `ws` `k × n` values.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked_xw_into(out: *mut f32, xs: &[f32], ldx: usize, rows: usize, k: usize, ws: &[f32], n: usize, accumulate: bool) {
+    use rayon::prelude::*;
+    let blocks = OutputBlocks::new(rows, k, n, rayon::current_num_threads());
+    let dst = super::cpu_slice::SharedOut(out);
+    (0..blocks.count()).into_par_iter().for_each(|b| {
+        let ((i0, mr), (j0, nc)) = blocks.block(b);
+        // SAFETY: this task alone writes rows i0 .. i0 + mr, columns j0 .. j0 + nc of the rows × n
+        // output; `xs[i0 · ldx..]` holds those mr rows of k floats and `ws[j0..]` the block's nc
+        // columns of the k × n weight, rows n apart.
+        unsafe { gemm_into_columns(dst.at(i0 * n), n, j0, &xs[i0 * ldx..], ldx, mr, k, &ws[j0..], Layout::InOut { stride: n }, nc, accumulate) };
+    });
+}
+
 /// Blocks per thread of an f32 linear's output: enough that a thread slowed by another tenant of
 /// the host leaves the other little to wait for.
 const BLOCKS_PER_THREAD: usize = 8;
-/// The narrowest output block: each block packs its rows of `x` again, once per column block.
-const MIN_BLOCK_COLS: usize = 96;
-/// The shortest output block: each block packs its columns of the weight again, once per row block.
-const MIN_BLOCK_ROWS: usize = 256;
+/// The depth from which a product takes the [`DEEP`] block shape, else [`SHALLOW`].
+const DEEP_FROM: usize = 768;
+
+/// The smallest output block an f32 linear is cut into. Each block packs its rows of `x` again
+/// once per column block and its columns of the weight once per row block; the `gemm` crate's
+/// microkernel is 64 columns wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BlockShape {
+    /// Fewest columns in a block.
+    min_cols: usize,
+    /// Columns are cut in multiples of this.
+    col_step: usize,
+    /// Fewest rows in a block.
+    min_rows: usize,
+}
+
+/// Products 768 features deep and more (CHMv2's, DA-V2-S's MLP down projection): 96-column blocks
+/// kept the packed weight blocks small; 192 columns and shorter rows ran CHMv2 1.11× slower.
+const DEEP: BlockShape = BlockShape { min_cols: 96, col_step: 16, min_rows: 256 };
+/// Shallower products (the ViT-S linears, L-GATr's maps, SegFormer's): 96-column blocks ran their
+/// GEMMs ~8 % slower than whole (a 32-column tail kernel, `x` packed per block), so columns come
+/// whole kernel widths at a time, at least three, and rows are cut shorter instead.
+const SHALLOW: BlockShape = BlockShape { min_cols: 192, col_step: 64, min_rows: 128 };
 
 /// How an f32 linear's `[rows, n]` output is cut into blocks. The `gemm` crate's own threading
 /// splits each depth step's work evenly between the threads and waits for both: on a shared
 /// 2-vCPU host one thread often ran ~15 % of the time alone. Blocks taken from rayon's queue
 /// balance instead: interleaved A/B on that host, CHMv2 f32 0.81–0.95× and DA-V2-Small 0.92×
-/// the time of the crate's split, outputs bit-identical.
+/// the time of the crate's split (the deep products); the shallow ones too, L-GATr 0.93× and
+/// DA-V2-Small 0.91–0.96×. Outputs bit-identical.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct OutputBlocks {
     rows: usize,
@@ -240,15 +261,15 @@ struct OutputBlocks {
 }
 
 impl OutputBlocks {
-    /// Columns first (in multiples of 16, at least [`MIN_BLOCK_COLS`]), then rows (at least
-    /// [`MIN_BLOCK_ROWS`]) until there are [`BLOCKS_PER_THREAD`] per thread or the minimums stop it;
-    /// one block on one thread.
-    fn new(rows: usize, n: usize, threads: usize) -> Self {
+    /// Columns first (see [`BlockShape`] for the depth `k`), then rows until there are
+    /// [`BLOCKS_PER_THREAD`] per thread or the minimums stop it; one block on one thread.
+    fn new(rows: usize, k: usize, n: usize, threads: usize) -> Self {
+        let shape = if k >= DEEP_FROM { DEEP } else { SHALLOW };
         // One thread: one block, `x` packed once.
         let target = if threads > 1 { BLOCKS_PER_THREAD * threads } else { 1 };
-        let block_cols = n.div_ceil(target).max(MIN_BLOCK_COLS).next_multiple_of(16).min(n).max(1);
+        let block_cols = n.div_ceil(target).next_multiple_of(shape.col_step).max(shape.min_cols).min(n).max(1);
         let col_blocks = n.div_ceil(block_cols);
-        let row_blocks = target.div_ceil(col_blocks.max(1)).min(rows / MIN_BLOCK_ROWS).max(1);
+        let row_blocks = target.div_ceil(col_blocks.max(1)).min(rows / shape.min_rows).max(1);
         let block_rows = rows.div_ceil(row_blocks).max(1);
         OutputBlocks { rows, n, block_rows, block_cols, col_blocks }
     }
@@ -294,7 +315,7 @@ fn widened_xwt_plus_bias(xs: &[f32], rows: usize, k: usize, n: usize, bias: Opti
                 widen(j0, wide);
                 // SAFETY: this task alone writes columns j0 .. j0 + nb of the rows × n output;
                 // `xs` is rows × k, `wide` the block's nb × k values.
-                unsafe { gemm_into_columns(dst.at(0), n, j0, xs, k, rows, k, wide, Layout::OutIn, nb, false, gemm::Parallelism::None) };
+                unsafe { gemm_into_columns(dst.at(0), n, j0, xs, k, rows, k, wide, Layout::OutIn, nb, false) };
             };
             super::cpu_slice::with_scratch(&WIDENED, product);
         });
@@ -310,9 +331,9 @@ const MIN_SLAB_ROWS: usize = 128;
 
 /// `x [rows, k] · w + bias` for a transposed f16 weight `w [k, n]`: slabs of input features (all
 /// `n` columns, contiguous in `w`) are widened to f32 in turn (`half`'s vectorised F16C / NEON
-/// conversion, in parallel) and each slab's threaded GEMM adds `x[:, slab] · slab` into the output.
-/// Each activation is packed by the GEMM once in all, where blocks of output columns made every
-/// block's GEMM pack all of `x` again (CHMv2's 4096-wide MLP: 64-column blocks, 11 MB of `x` each).
+/// conversion, in parallel) and each slab's blocked GEMM ([`blocked_xw_into`], as f32's) adds
+/// `x[:, slab] · slab` into the output. (Blocks of output columns widened one by one made every
+/// block's GEMM pack all of `x` again: CHMv2's 4096-wide MLP, 64-column blocks, 11 MB of `x` each.)
 fn half_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize, bias: Option<&[f32]>, post: Post) -> Vec<f32> {
     if super::half_amx::runs_for(rows, k, n) {
         // SAFETY: the tiles run here; `out` is rows × n with this call its only writer, `xs` is
@@ -335,8 +356,6 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
         return Vec::new();
     }
     let depth = depth.clamp(1, k.max(1));
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
     product_plus_bias(rows, n, k, bias, post, |out| {
         let multiply = |slab: &mut Vec<f32>| {
             for p0 in (0..k).step_by(depth) {
@@ -350,7 +369,7 @@ fn half_slabs_xw_plus_bias(xs: &[f32], rows: usize, k: usize, ws: &[half::f16], 
                 // SAFETY: `out` is rows × n and this is its only writer (the first slab overwrites
                 // it, the others add); `xs[p0..]` holds the slab's columns of x, rows of kb floats
                 // k apart; `slab` is kb × n.
-                unsafe { gemm_into_columns(out, n, 0, &xs[p0..], k, rows, kb, slab, Layout::InOut { stride: n }, n, p0 > 0, par) };
+                unsafe { blocked_xw_into(out, &xs[p0..], k, rows, kb, slab, n, p0 > 0) };
             }
         };
         super::cpu_slice::with_scratch(&SLAB, multiply);
@@ -783,8 +802,9 @@ mod tests {
     /// where the output allows it, several per thread where it is large enough.
     #[test]
     fn output_blocks_tile_the_output_once() {
-        for (rows, n, threads) in [(0, 5, 2), (5, 0, 2), (1, 1, 2), (681, 4096, 2), (681, 1024, 2), (1370, 384, 2), (600, 400, 3), (100, 37, 1), (16384, 32, 2)] {
-            let blocks = OutputBlocks::new(rows, n, threads);
+        for (rows, k, n, threads) in [(0, 64, 5, 2), (5, 64, 0, 2), (1, 1, 1, 2), (681, 1024, 4096, 2), (681, 4096, 1024, 2), (1370, 384, 384, 2), (1370, 384, 1152, 2), (6400, 288, 288, 2), (600, 768, 400, 3), (100, 64, 37, 1), (16384, 32, 32, 2)] {
+            let blocks = OutputBlocks::new(rows, k, n, threads);
+            let shape = if k >= DEEP_FROM { DEEP } else { SHALLOW };
             let mut seen = vec![0u8; rows * n];
             for b in 0..blocks.count() {
                 let ((i0, mr), (j0, nc)) = blocks.block(b);
@@ -795,12 +815,14 @@ mod tests {
             }
             assert!(seen.iter().all(|&s| s == 1), "{rows} × {n} on {threads} threads: not covered exactly once");
             if rows * n > 0 {
-                assert!(blocks.block_cols >= MIN_BLOCK_COLS.min(n) && blocks.block_rows >= MIN_BLOCK_ROWS.min(rows), "{blocks:?}");
+                assert!(blocks.block_cols >= shape.min_cols.min(n) && blocks.block_rows >= shape.min_rows.min(rows), "{blocks:?}");
+                assert!(blocks.block_cols == n || blocks.block_cols % shape.col_step == 0, "{blocks:?}");
             }
         }
-        assert!(OutputBlocks::new(681, 4096, 2).count() >= 2 * BLOCKS_PER_THREAD);
-        assert!(OutputBlocks::new(1370, 384, 2).count() >= 2 * BLOCKS_PER_THREAD);
-        assert_eq!(OutputBlocks::new(1370, 384, 1).count(), 1);
+        assert!(OutputBlocks::new(681, 1024, 4096, 2).count() >= 2 * BLOCKS_PER_THREAD);
+        assert!(OutputBlocks::new(1370, 384, 384, 2).count() >= 2 * BLOCKS_PER_THREAD);
+        assert!(OutputBlocks::new(1370, 384, 1152, 2).count() >= 2 * BLOCKS_PER_THREAD);
+        assert_eq!(OutputBlocks::new(1370, 384, 384, 1).count(), 1);
     }
 
     /// `forward_gelu` is GELU of `forward` for every way a weight is held (f32 transposed, f16,
