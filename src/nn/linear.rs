@@ -85,12 +85,25 @@ fn held_for_cpu(q: &candle_core::quantized::QTensor, n: usize, k: usize) -> cand
 }
 
 /// Whether `vb`'s `weight` is stored in f16 (GGUF or safetensors) and is to be used in f32 on the CPU,
-/// frozen: then it is held in f16 and widened per product ([`Weight::Half`]).
+/// frozen: then it is held in f16 and widened per product ([`Weight::Half`]), or widened once at
+/// load when small ([`widened_at_load`]).
 fn stored_f16_for_f32_cpu(vb: &Vb) -> bool {
     vb.device().is_cpu()
         && vb.dtype() == DType::F32
         && !vb.is_trainable("weight")
         && vb.store().stored_dtype(&vb.path("weight")).and_then(|d| d.plain()) == Some(DType::F16)
+}
+
+/// The most values an f16 weight widened once at load may hold ([`widened_at_load`]): 512 KiB in
+/// f32.
+const WIDENED_AT_LOAD_VALUES: usize = 1 << 17;
+
+/// Whether an f16 weight `[out_dim, in_dim]` is held widened to f32 from load on: a small one that
+/// the AMX tiles do not take. Widening it again for each product made SegFormer-B0's narrow
+/// matrices 5–25 % slower than in f32 (~0.2 ms a forward, timed per call); its copies hold 0.56 M
+/// of its 2.4 M matrix values, 1.1 MB more.
+fn widened_at_load(in_dim: usize, out_dim: usize) -> bool {
+    in_dim * out_dim <= WIDENED_AT_LOAD_VALUES && !super::half_amx::runs_for(super::half_amx::MIN_ROWS, in_dim, out_dim)
 }
 
 /// Whether `vb`'s dense `weight` is used frozen in f32 on the CPU: then it is held transposed
@@ -462,7 +475,10 @@ impl Linear {
             None if stored_f16_for_f32_cpu(vb) => {
                 let w = vb.with_dtype(DType::F16).get((out_dim, in_dim), "weight")?;
                 vb.store().release_pages();
-                Weight::Half(hold_transposed(w)?)
+                match widened_at_load(in_dim, out_dim) {
+                    true => Weight::Transposed(hold_transposed(w.to_dtype(DType::F32)?)?),
+                    false => Weight::Half(hold_transposed(w)?),
+                }
             }
             None if frozen_f32_cpu(vb) => Weight::Transposed(hold_transposed(vb.get((out_dim, in_dim), "weight")?)?),
             None => Weight::Dense(vb.get((out_dim, in_dim), "weight")?),
@@ -700,20 +716,28 @@ mod tests {
     use std::sync::Arc;
 
     /// An f16-stored weight used in f32 on the CPU is held in f16 and gives the f32 product of its
-    /// values (widening is exact); a trainable one is loaded dense.
+    /// values (widening is exact), unless it is small and off the tiles: then it is held widened;
+    /// a trainable one is loaded dense.
     #[test]
     fn f16_stored_weights_stay_f16_on_the_cpu() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.safetensors");
         let cpu = Device::Cpu;
-        let (n, k) = (256, 128);
+        // `l` is larger than WIDENED_AT_LOAD_VALUES; `s` is small and too narrow for the tiles.
+        let (n, k) = (1152, 128);
+        let (sn, sk) = (24, 40);
+        assert!(n * k > WIDENED_AT_LOAD_VALUES && !crate::nn::half_amx::runs_for(usize::MAX, sk, sn));
         let w = Tensor::randn(0f32, 1.0, (n, k), &cpu).unwrap().to_dtype(DType::F16).unwrap();
         let b = Tensor::randn(0f32, 1.0, n, &cpu).unwrap();
-        let tensors = HashMap::from([("l.weight".to_string(), w.clone()), ("l.bias".to_string(), b.clone())]);
+        let sw = Tensor::randn(0f32, 1.0, (sn, sk), &cpu).unwrap().to_dtype(DType::F16).unwrap();
+        let tensors = HashMap::from([("l.weight".to_string(), w.clone()), ("l.bias".to_string(), b.clone()), ("s.weight".to_string(), sw.clone())]);
         candle_core::safetensors::save(&tensors, &path).unwrap();
-        let vb = Vb::new(Arc::new(WeightStore::open(&path).unwrap()), DType::F32, cpu.clone()).pp("l");
+        let root = Vb::new(Arc::new(WeightStore::open(&path).unwrap()), DType::F32, cpu.clone());
+        let vb = root.pp("l");
         let lin = Linear::load(&vb, k, n, true).unwrap();
         assert!(matches!(lin.weight, Weight::Half(_)));
+        let small = Linear::load(&root.pp("s"), sk, sn, false).unwrap();
+        assert!(matches!(small.weight, Weight::Transposed(_)));
         // 3 rows widen the weight; 45 run the AMX-BF16 tiles where the CPU has them, within 2⁻¹⁷ of
         // Σ|x·w| (~80 here: 6e-4), where a bf16 rounding of either operand would be off by ~1e-2.
         for (rows, bound) in [(3, 2e-5), (45, 1e-3)] {
@@ -721,6 +745,10 @@ mod tests {
             let want = x.matmul(&w.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap().broadcast_add(&b).unwrap();
             let err = (lin.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
             assert!(err < bound, "{rows} rows: {err}");
+            let x = Tensor::randn(0f32, 1.0, (rows, sk), &cpu).unwrap();
+            let want = x.matmul(&sw.to_dtype(DType::F32).unwrap().t().unwrap()).unwrap();
+            let err = (small.forward(&x).unwrap() - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(err < 2e-5, "small, {rows} rows: {err}");
         }
         let trainable = crate::weights::Trainable::new(|_| true);
         let lin = Linear::load(&vb.with_trainable(trainable), k, n, true).unwrap();
