@@ -7,7 +7,7 @@ Usage (from the repo root, after `cargo build --release`; a quiet machine — no
 
 Each row builds its model with random O(1) weights (tools/fixtures/common.reinit), saves it in the hub
 layout under --workdir, exports ONNX (where the exporter can), and then runs the three engines in turn,
---rounds times (each round in an order rotated by one place), each round timing --repeat forward passes per engine after a warm-up (edgerun through
+--rounds times (each round in an order rotated by one place, a second's pause before each engine), each round timing --repeat forward passes per engine after a warm-up (edgerun through
 `edgerun forward --repeat N+1`, one process per round, load and its first pass excluded). Reported per row and variant: the
 median forward time; edgerun/ORT, edgerun/PyTorch and (for f16 and the quantized types) the variant/f32,
 each the median over rounds of that round's ratio of medians (paired: a slow phase of a shared host
@@ -196,6 +196,10 @@ def machine():
             f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
 
 
+# Seconds between one engine's passes and the next engine's (see main).
+SETTLE_S = 1.0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
@@ -236,6 +240,9 @@ def main():
             # right after the same other one.
             order = engines + list(a.variants)
             for item in order[k % len(order):] + order[:k % len(order)]:
+                # PyTorch's OpenMP workers and ORT's pool spin on after their last pass: let them
+                # settle so that they do not share the cores with the next engine's passes.
+                time.sleep(SETTLE_S)
                 if item == "torch":
                     ms = time_torch(case.forward, case.inputs, a.repeat)
                 elif item == "ort":
