@@ -234,7 +234,7 @@ unsafe fn blocked_xw_into(out: *mut f32, xs: &[f32], ldx: usize, rows: usize, k:
 /// Blocks per thread of an f32 linear's output: enough that a thread slowed by another tenant of
 /// the host leaves the other little to wait for.
 const BLOCKS_PER_THREAD: usize = 8;
-/// The depth from which a product takes the [`DEEP`] block shape, else [`SHALLOW`].
+/// The depth from which a product takes the [`DEEP`] block shape ([`BlockShape::for_depth`]).
 const DEEP_FROM: usize = 768;
 
 /// The smallest output block an f32 linear is cut into. Each block packs its rows of `x` again
@@ -258,6 +258,13 @@ const DEEP: BlockShape = BlockShape { min_cols: 96, col_step: 16, min_rows: 256 
 /// whole kernel widths at a time, at least three, and rows are cut shorter instead.
 const SHALLOW: BlockShape = BlockShape { min_cols: 192, col_step: 64, min_rows: 128 };
 
+impl BlockShape {
+    /// The shape for a product `k` features deep: [`DEEP`] from [`DEEP_FROM`], else [`SHALLOW`].
+    fn for_depth(k: usize) -> BlockShape {
+        if k >= DEEP_FROM { DEEP } else { SHALLOW }
+    }
+}
+
 /// How an f32 linear's `[rows, n]` output is cut into blocks. The `gemm` crate's own threading
 /// splits each depth step's work evenly between the threads and waits for both: on a shared
 /// 2-vCPU host one thread often ran ~15 % of the time alone. Blocks taken from rayon's queue
@@ -277,7 +284,7 @@ impl OutputBlocks {
     /// Columns first (see [`BlockShape`] for the depth `k`), then rows until there are
     /// [`BLOCKS_PER_THREAD`] per thread or the minimums stop it; one block on one thread.
     fn new(rows: usize, k: usize, n: usize, threads: usize) -> Self {
-        let shape = if k >= DEEP_FROM { DEEP } else { SHALLOW };
+        let shape = BlockShape::for_depth(k);
         // One thread: one block, `x` packed once.
         let target = if threads > 1 { BLOCKS_PER_THREAD * threads } else { 1 };
         let block_cols = n.div_ceil(target).next_multiple_of(shape.col_step).max(shape.min_cols).min(n).max(1);
@@ -832,7 +839,7 @@ mod tests {
     fn output_blocks_tile_the_output_once() {
         for (rows, k, n, threads) in [(0, 64, 5, 2), (5, 64, 0, 2), (1, 1, 1, 2), (681, 1024, 4096, 2), (681, 4096, 1024, 2), (1370, 384, 384, 2), (1370, 384, 1152, 2), (6400, 288, 288, 2), (600, 768, 400, 3), (100, 64, 37, 1), (16384, 32, 32, 2)] {
             let blocks = OutputBlocks::new(rows, k, n, threads);
-            let shape = if k >= DEEP_FROM { DEEP } else { SHALLOW };
+            let shape = BlockShape::for_depth(k);
             let mut seen = vec![0u8; rows * n];
             for b in 0..blocks.count() {
                 let ((i0, mr), (j0, nc)) = blocks.block(b);
