@@ -11,9 +11,9 @@ use edgerun::nn::attention::{sdpa, sdpa_candle};
 use edgerun::nn::conv::Conv2d;
 use edgerun::nn::conv_transpose::ConvTranspose2d;
 use edgerun::models::lgatr::bilinear::{geometric_product_with, GpImpl};
-use edgerun::nn::direct_conv;
-use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
-use edgerun::nn::int8_gemm::{self, Kernel, PackedQ8};
+use edgerun::kernels::direct_conv;
+use edgerun::kernels::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, depthwise_conv2d_nhwc, DepthwiseConfig, DwActivation};
+use edgerun::kernels::int8_gemm::{self, Kernel, PackedQ8};
 use edgerun::nn::linear::Linear;
 
 fn randn(shape: &[usize]) -> Tensor {
@@ -41,7 +41,7 @@ fn gemm(c: &mut Criterion) {
         // An f16 weight held transposed, as an f16 file's linear holds it (AMX-BF16 tiles where
         // they run; `EDGERUN_NO_AMX=1`: widened to f32 per product).
         let wt = w.t().unwrap().contiguous().unwrap().to_dtype(candle_core::DType::F16).unwrap();
-        flops(c, "gemm_f16_held", name, n, &mut || edgerun::nn::linear::cpu_xw_plus_bias(input, &wt, None).unwrap().unwrap());
+        flops(c, "gemm_f16_held", name, n, &mut || edgerun::kernels::gemm::cpu_xw_plus_bias(input, &wt, None).unwrap().unwrap());
         // Q4_K needs rows that are whole 256-value super-blocks (the MLP down projection).
         for dt in [GgmlDType::Q8_0, GgmlDType::Q4K].into_iter().filter(|d| k % d.block_size() == 0) {
             let q = QMatMul::from_qtensor(QTensor::quantize(&w, dt).unwrap()).unwrap();
@@ -122,15 +122,15 @@ fn elementwise(c: &mut Criterion) {
     let n = 4 * 6 * 1370 * 1370 * 64;
     flops(c, "attention_fused", "6x1370x64", n, &mut || sdpa(&q, &k, &v, 0.125, None).unwrap());
     // The int8 attention of Q8_0 ViT blocks (AMX only).
-    if edgerun::nn::int8_attention::applies(&q, &k, &v) {
-        flops(c, "attention_int8_amx", "6x1370x64", n, &mut || edgerun::nn::int8_attention::attention(&q, &k, &v, 0.125).unwrap());
+    if edgerun::kernels::int8_attention::applies(&q, &k, &v) {
+        flops(c, "attention_int8_amx", "6x1370x64", n, &mut || edgerun::kernels::int8_attention::attention(&q, &k, &v, 0.125).unwrap());
     }
     // The fused attention's softmax over one score block (128 query rows × 1370 keys), in place.
     let mut block: Vec<f32> = (0..128 * 1370).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
     let mut g = c.benchmark_group("softmax_numerator");
     g.sample_size(10).throughput(Throughput::Elements((128 * 1370) as u64));
     g.bench_function(BenchmarkId::from_parameter("128x1370"), |b| {
-        b.iter(|| block.chunks_exact_mut(1370).map(|row| edgerun::nn::fast_math::softmax_numerator(row, 1.0)).sum::<f32>())
+        b.iter(|| block.chunks_exact_mut(1370).map(|row| edgerun::kernels::fast_math::softmax_numerator(row, 1.0)).sum::<f32>())
     });
     g.finish();
     flops(c, "attention_candle", "6x1370x64", n, &mut || sdpa_candle(&q, &k, &v, 0.125, None).unwrap());

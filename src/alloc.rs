@@ -114,6 +114,8 @@ impl Evicted {
         s.size
     }
 
+    /// # Safety
+    /// Each held block was allocated by `System` with its recorded size and alignment, and is freed once.
     unsafe fn free(&self) {
         for s in &self.slots[..self.n] {
             System.dealloc(s.ptr, Layout::from_size_align_unchecked(s.size, s.align));
@@ -180,6 +182,9 @@ impl CachingAlloc {
     }
 
     /// Caches a freed block, evicting the oldest ones to stay within bounds; frees what is not kept.
+    ///
+    /// # Safety
+    /// `p` was allocated by `System` with `size` bytes at `align` and is not used after this call.
     unsafe fn put(&self, p: *mut u8, size: usize, align: usize) {
         let budget = self.budget();
         if size > budget / 2 {
@@ -225,6 +230,8 @@ impl Default for CachingAlloc {
 // when not cached) with the requested alignment, and `dealloc`/`realloc` recompute the same class
 // from the caller's layout, so each block goes back to the system with the layout it was made with.
 unsafe impl GlobalAlloc for CachingAlloc {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`]'s.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let Some(size) = class(layout.size()) else { return System.alloc(layout) };
         let p = self.take(size, layout.align());
@@ -234,6 +241,8 @@ unsafe impl GlobalAlloc for CachingAlloc {
         System.alloc(Layout::from_size_align_unchecked(size, layout.align()))
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`]'s.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let Some(size) = class(layout.size()) else { return System.alloc_zeroed(layout) };
         let p = self.take(size, layout.align());
@@ -245,6 +254,8 @@ unsafe impl GlobalAlloc for CachingAlloc {
         System.alloc_zeroed(Layout::from_size_align_unchecked(size, layout.align()))
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`]'s.
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         match class(layout.size()) {
             Some(size) => self.put(p, size, layout.align()),
@@ -252,6 +263,8 @@ unsafe impl GlobalAlloc for CachingAlloc {
         }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`]'s.
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         match (class(layout.size()), class(new_size)) {
             (None, None) => System.realloc(p, layout, new_size),
@@ -291,10 +304,12 @@ mod tests {
     }
 
     fn fill(p: *mut u8, n: usize, v: u8) {
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe { ptr::write_bytes(p, v, n) }
     }
 
     fn all(p: *mut u8, n: usize, v: u8) -> bool {
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe { std::slice::from_raw_parts(p, n) }.iter().all(|&b| b == v)
     }
 
@@ -302,6 +317,7 @@ mod tests {
     fn freed_large_blocks_are_reused_and_zeroed_on_request() {
         let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(3 << 20, 64).unwrap();
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let p = a.alloc(l);
             assert!(!p.is_null() && p as usize % 64 == 0);
@@ -329,6 +345,7 @@ mod tests {
     fn small_blocks_bypass_the_cache() {
         let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(1000, 8).unwrap();
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let p = a.alloc(l);
             a.dealloc(p, l);
@@ -341,6 +358,7 @@ mod tests {
         let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
         let l = Layout::from_size_align(DEFAULT_CACHE_BYTES / 6, 16).unwrap();
         let small = Layout::from_size_align(200 << 10, 16).unwrap();
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let ps: Vec<_> = (0..10).map(|_| a.alloc(l)).collect();
             for p in ps {
@@ -365,6 +383,7 @@ mod tests {
     #[test]
     fn realloc_keeps_contents_across_classes() {
         let a = CachingAlloc::with_budget(DEFAULT_CACHE_BYTES);
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let mut l = Layout::from_size_align(1000, 8).unwrap();
             let mut p = a.alloc(l);
@@ -385,6 +404,7 @@ mod tests {
     fn a_zero_budget_turns_the_cache_off() {
         let a = CachingAlloc::with_budget(0);
         let l = Layout::from_size_align(1 << 20, 16).unwrap();
+        // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let p = a.alloc(l);
             a.dealloc(p, l);
@@ -399,6 +419,7 @@ mod tests {
         let hs: Vec<_> = (0..4)
             .map(|t| {
                 let a = a.clone();
+                // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
                 std::thread::spawn(move || unsafe {
                     for i in 0..200 {
                         let l = Layout::from_size_align((1 << 20) + (i % 7) * 100_000, 32).unwrap();

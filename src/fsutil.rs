@@ -166,6 +166,27 @@ pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
     f.commit()
 }
 
+/// What [`try_lock`] got.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lock {
+    /// We hold it (until the file is closed, or the process dies).
+    Held,
+    /// Another open file holds it.
+    Busy,
+    /// Locks are not supported here (some network filesystems): carry on without.
+    Unsupported,
+}
+
+/// An exclusive, non-blocking advisory lock on `f` (`flock` on Linux), released when `f` is closed
+/// or the process dies (so a kill -9 never leaves a stale lock).
+pub fn try_lock(f: &std::fs::File) -> Lock {
+    match f.try_lock() {
+        Ok(()) => Lock::Held,
+        Err(std::fs::TryLockError::WouldBlock) => Lock::Busy,
+        Err(std::fs::TryLockError::Error(_)) => Lock::Unsupported,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

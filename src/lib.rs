@@ -9,6 +9,7 @@ pub mod geotiff;
 pub mod imageio;
 pub mod inputs;
 pub mod error;
+pub mod kernels;
 pub mod models;
 pub mod preprocess;
 pub mod profile;

@@ -1,8 +1,8 @@
-//! The depthwise conv kernel (`edgerun::nn::depthwise`) against Candle's grouped `conv2d`
+//! The depthwise conv kernel (`edgerun::kernels::depthwise`) against Candle's grouped `conv2d`
 //! (groups = C): forward values and input/weight/bias gradients, over odd sizes, padding,
 //! stride, dilation, non-square kernels and channel multipliers.
 use candle_core::{DType, Device, Tensor, Var};
-use edgerun::nn::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
+use edgerun::kernels::depthwise::{depthwise_conv2d, depthwise_conv2d_grouped, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl};
 
 /// The device of every tensor here: the kernel under test is a CPU kernel and other devices run the
 /// grouped conv itself, so these tests stay on the CPU whatever `EDGERUN_TEST_DEVICE` says.
@@ -234,7 +234,7 @@ fn module_impls_agree_and_bad_shapes_error() {
 /// on permuted tensors, for every case.
 #[test]
 fn nhwc_forward_matches_grouped_conv() {
-    use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DwActivation};
+    use edgerun::kernels::depthwise::{depthwise_conv2d_nhwc, DwActivation};
     for (i, &(b, c, h, w, m, kh, kw, s, p, d)) in CASES.iter().enumerate() {
         let cfg = DepthwiseConfig { stride: s, padding: p, dilation: d };
         let x = rand(&[b, h, w, c], 1000 + i as u64);
@@ -280,7 +280,7 @@ fn exact_gelu(y: &Tensor) -> Tensor {
 /// tap-sum reference in f64 (permutes + Candle's differentiable `gelu_erf`).
 #[test]
 fn nhwc_gradients_match_reference() {
-    use edgerun::nn::depthwise::{depthwise_conv2d_nhwc, DwActivation};
+    use edgerun::kernels::depthwise::{depthwise_conv2d_nhwc, DwActivation};
     for (i, &(b, c, h, w, m, kh, kw, s, p, d)) in CASES.iter().enumerate() {
         let cfg = DepthwiseConfig { stride: s, padding: p, dilation: d };
         let x0 = rand(&[b, h, w, c], 1300 + i as u64);

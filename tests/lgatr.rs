@@ -689,7 +689,7 @@ fn int8_fused_map_tracks_f32() {
     let exact = map.to_fused(&dev, DType::F32, lgatr::MapStorage::Plain).unwrap();
     let held = map.to_fused(&dev, DType::F32, lgatr::MapStorage::Int8).unwrap();
     assert!(!exact.is_int8());
-    assert_eq!(held.is_int8(), edgerun::nn::int8_gemm::available());
+    assert_eq!(held.is_int8(), edgerun::kernels::int8_gemm::available());
     let want = exact.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let got = held.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use candle_core::{DType, Tensor};
 use edgerun::models::segformer::{resize_argmax, DecodeHeadImpl, SegformerForSemanticSegmentation};
 use edgerun::models::NamedTensors;
-use edgerun::nn::depthwise::DepthwiseImpl;
+use edgerun::kernels::depthwise::DepthwiseImpl;
 use edgerun::tensor_io::read_tensors;
 use edgerun::weights::{Vb, WeightStore};
 

@@ -15,42 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::config::StageKind;
 use crate::error::{Error, Result};
+use crate::fsutil::{try_lock, Lock};
 use crate::paths::check_relative;
-
-#[derive(Debug, PartialEq, Eq)]
-enum Lock {
-    /// We hold it (until the file is closed, or the process dies).
-    Held,
-    /// Another open file holds it.
-    Busy,
-    /// Locks are not supported here (some network filesystems, non-Unix): carry on without.
-    Unsupported,
-}
-
-/// An exclusive, non-blocking advisory lock (`flock`) on `f`, released when `f` is closed or the
-/// process dies (so a kill -9 never leaves a stale lock).
-#[cfg(unix)]
-fn try_lock(f: &File) -> Lock {
-    use std::os::fd::AsRawFd;
-    extern "C" {
-        fn flock(fd: std::os::raw::c_int, operation: std::os::raw::c_int) -> std::os::raw::c_int;
-    }
-    const LOCK_EX: std::os::raw::c_int = 2;
-    const LOCK_NB: std::os::raw::c_int = 4;
-    // SAFETY: flock only reads the descriptor number, which `f` keeps open for the call's duration.
-    if unsafe { flock(f.as_raw_fd(), LOCK_EX | LOCK_NB) } == 0 {
-        return Lock::Held;
-    }
-    match std::io::Error::last_os_error().kind() {
-        std::io::ErrorKind::WouldBlock => Lock::Busy,
-        _ => Lock::Unsupported,
-    }
-}
-
-#[cfg(not(unix))]
-fn try_lock(_f: &File) -> Lock {
-    Lock::Unsupported
-}
 
 /// The outcome of an item in a stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,14 +39,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     outln!("edgerun {}", env!("EDGERUN_LONG_VERSION"));
     outln!("cpu threads:   {} (candle), {} logical cores", utils::get_num_threads(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     outln!("cpu features:  avx={} neon={} simd128={} f16c={}", utils::with_avx(), utils::with_neon(), utils::with_simd128(), utils::with_f16c());
-    let int8_gemm = match edgerun::nn::int8_gemm::Kernel::detect() {
-        Some(edgerun::nn::int8_gemm::Kernel::Avx512Vnni) => "AVX-512 VNNI",
-        Some(edgerun::nn::int8_gemm::Kernel::AvxVnni) => "AVX-VNNI",
+    let int8_gemm = match edgerun::kernels::int8_gemm::Kernel::detect() {
+        Some(edgerun::kernels::int8_gemm::Kernel::Avx512Vnni) => "AVX-512 VNNI",
+        Some(edgerun::kernels::int8_gemm::Kernel::AvxVnni) => "AVX-VNNI",
         None => "none",
     };
-    let int8_attention = if edgerun::nn::amx::available() { "AMX" } else { "none (f32)" };
+    let int8_attention = if edgerun::kernels::amx::available() { "AMX" } else { "none (f32)" };
     outln!("int8 (Q8_0, Q4_K): GEMM {int8_gemm}, attention {int8_attention}");
-    let f16_matrices = if edgerun::nn::amx::bf16_available() { "AMX-BF16 tiles (split into bf16 pairs, f32 sums)" } else { "widened to f32 per product" };
+    let f16_matrices = if edgerun::kernels::amx::bf16_available() { "AMX-BF16 tiles (split into bf16 pairs, f32 sums)" } else { "widened to f32 per product" };
     outln!("f16 matrices:  {f16_matrices}");
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
     outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(d) => cuda_line(&d), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });

@@ -7,16 +7,16 @@
 //! 3×3 → ReLU → 1×1 to the bins); then [`FeaturesToDepth`] (`chmv2_mixlog` for the hub checkpoint).
 use candle_core::{DType, Module, Tensor, D};
 use crate::nn::conv::Conv2d;
-use crate::nn::cpu_slice::transpose_last_two;
+use crate::kernels::cpu_slice::transpose_last_two;
 use crate::profile::Span;
 use serde::Deserialize;
 
-use super::chmv2_heights::{mixlog_heights, mixlog_heights_from_hidden, MixLog};
+use crate::kernels::mixlog::{mixlog_heights, mixlog_heights_from_hidden, MixLog};
 use super::{Model, NamedTensors};
 use crate::config_check::{check_reassemble_factor, Section, MAX_CLASSES, MAX_DEPTH_VALUE, MAX_LEVELS, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
-use crate::nn::dinov3::{Dinov3, Dinov3Config, Dinov3Features};
-use crate::nn::dpt::{same3x3, FusionResize, FusionStage, ReassembleLayer};
+use crate::models::backbones::dinov3::{Dinov3, Dinov3Config, Dinov3Features};
+use crate::models::backbones::dpt::{same3x3, FusionResize, FusionStage, ReassembleLayer};
 use crate::nn::layers::conv2d;
 use crate::nn::linear::Linear;
 use crate::weights::Vb;

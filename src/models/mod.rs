@@ -1,6 +1,6 @@
 //! Model families and the registry that picks one from a checkpoint's architecture name.
+pub mod backbones;
 pub mod chmv2;
-mod chmv2_heights;
 pub mod da3;
 pub mod depth_anything;
 pub mod footprint;

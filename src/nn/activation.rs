@@ -46,9 +46,9 @@ pub fn gelu_erf(x: &Tensor) -> candle_core::Result<Tensor> {
     if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || x.track_op() {
         return x.gelu_erf();
     }
-    let mapped = super::cpu_slice::with_contiguous(x, |src: &[f32]| {
+    let mapped = crate::kernels::cpu_slice::with_contiguous(x, |src: &[f32]| {
         let mut out = vec![0f32; src.len()];
-        super::fast_math::gelu_erf_map(src, &mut out);
+        crate::kernels::fast_math::gelu_erf_map(src, &mut out);
         out
     })?;
     match mapped {

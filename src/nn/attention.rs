@@ -2,7 +2,7 @@
 //! bound the size of the score matrix they materialise.
 use candle_core::Tensor;
 
-use super::fused_attention;
+use crate::kernels::fused_attention;
 use crate::error::{Error, Result};
 
 /// Largest score block (elements) materialised at once; longer query sets are processed in chunks.

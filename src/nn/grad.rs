@@ -34,7 +34,7 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 /// (output-to-input scale `in / out` when not aligning corners, negative sources clamped to 0).
 pub fn linear_matrix(n_in: usize, n_out: usize, align_corners: bool) -> Vec<f32> {
     let mut m = vec![0f32; n_out * n_in];
-    for (row, tap) in m.chunks_exact_mut(n_in).zip(super::bilinear_cpu::taps(n_in, n_out, align_corners)) {
+    for (row, tap) in m.chunks_exact_mut(n_in).zip(crate::kernels::bilinear_cpu::taps(n_in, n_out, align_corners)) {
         row[tap.lo] += 1.0 - tap.t;
         row[tap.hi] += tap.t;
     }
@@ -62,7 +62,7 @@ pub fn bilinear_by_matmul(x: &Tensor, oh: usize, ow: usize, align_corners: bool)
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
     if records(x) {
         bilinear_by_matmul(x, oh, ow, align_corners)
-    } else if let Some(y) = super::bilinear_cpu::bilinear(x, oh, ow, align_corners)? {
+    } else if let Some(y) = crate::kernels::bilinear_cpu::bilinear(x, oh, ow, align_corners)? {
         Ok(y)
     } else {
         x.upsample_bilinear2d(oh, ow, align_corners)

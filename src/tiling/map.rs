@@ -1,6 +1,6 @@
 //! A model's output for one tile, sampled row by row at the tile's resolution.
 use crate::error::{Error, Result};
-use crate::models::segformer::pipeline::{axis_tap, axis_taps};
+use crate::kernels::bilinear_cpu::{axis_tap, axis_taps};
 
 /// Per-tile model output.
 #[derive(Debug, Clone)]

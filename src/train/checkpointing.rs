@@ -14,7 +14,7 @@ use super::grads::Grads;
 use crate::error::{Error, Result};
 use crate::models::chmv2::Chmv2;
 use crate::models::depth_anything::{BackboneFeatures, DepthAnything};
-use crate::nn::dinov3::Dinov3;
+use crate::models::backbones::dinov3::Dinov3;
 
 /// A model whose ViT backbone can be walked one block at a time (what checkpointing needs).
 pub trait BlockWalk {

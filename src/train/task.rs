@@ -15,7 +15,7 @@ use crate::models::chmv2::Chmv2;
 use crate::models::depth_anything::{BackboneFeatures, DepthAnything, DepthKind};
 use crate::models::segformer::pipeline::Preprocess as SegformerPreprocess;
 use crate::models::segformer::SegformerForSemanticSegmentation;
-use crate::nn::dinov3::Dinov3Features;
+use crate::models::backbones::dinov3::Dinov3Features;
 use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
 use crate::tasks::chm::ChmPreprocess;
 use crate::weights::Vb;

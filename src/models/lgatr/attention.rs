@@ -15,7 +15,7 @@ use super::config::LgatrConfig;
 use super::equi_linear::{DenseMap, EquiLinearWeights, FusedLinear};
 use super::norm::EquiNorm;
 use crate::error::{Error, Result};
-use crate::nn::fused_attention;
+use crate::kernels::fused_attention;
 
 /// Largest score block (elements) materialised at once; queries are processed in chunks above it.
 pub const SCORE_BUDGET: usize = 1 << 24;

@@ -6,7 +6,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout,
 use super::algebra::{geometric_product_table, GP_INDEX, GP_SIGN};
 use super::kernels::{par_rows, Field};
 use crate::error::{Error, Result};
-use crate::nn::fast_math::madd;
+use crate::kernels::fast_math::madd;
 
 /// `(R, 2·C·16 + P)` rows `[left (C, 16) | right (C, 16) | pass (P)]` →
 /// `(R, C·16 + P)` rows `[left_c · right_c (C, 16) | pass (P)]`.
@@ -80,7 +80,7 @@ fn gp_row<T: Field>(left: &[T], right: &[T], gp: &mut [T], bivector: bool, madd:
     }
 }
 
-crate::nn::fast_math::simd_fn! {
+crate::kernels::fast_math::simd_fn! {
     /// [`gp_row`] in f32 at the CPU's vector width, with fused multiply-adds where it has them
     /// (the baseline build ran at SSE width: ~7 % of an L-GATr forward, 3.5 % this way).
     fn gp_row_f32<FUSED>(left: &[f32], right: &[f32], gp: &mut [f32], bivector: bool) -> () {

@@ -126,7 +126,7 @@ impl DenseMap {
                 return Ok(FusedLinear { held: Held::Int8(linear), rows, cols });
             }
         }
-        let wt = crate::nn::cpu_slice::transposed(&self.m, rows, cols);
+        let wt = crate::kernels::cpu_slice::transposed(&self.m, rows, cols);
         // Held in f16, an f32 CPU map is widened per product, or multiplied on AMX-BF16 tiles.
         let held = if hold == MapStorage::Half && dtype == DType::F32 && device.is_cpu() { DType::F16 } else { dtype };
         let wt = Tensor::from_vec(wt, (cols, rows), device)?.to_dtype(held)?;
@@ -182,7 +182,7 @@ impl FusedLinear {
             Held::Int8(linear) => return Ok(linear.forward(x)?),
             Held::Dense { wt, b } => (wt, b),
         };
-        if let Some(y) = crate::nn::linear::cpu_xw_plus_bias(x, wt, b.as_ref())? {
+        if let Some(y) = crate::kernels::gemm::cpu_xw_plus_bias(x, wt, b.as_ref())? {
             return Ok(y);
         }
         let x = if x.is_contiguous() { x.clone() } else { x.contiguous()? };

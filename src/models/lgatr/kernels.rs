@@ -6,7 +6,7 @@ use candle_core::{backend::BackendStorage, CpuStorage, CustomOp1, DType, Layout,
 
 use super::algebra::{metric_grades, GRADE_INDEX, GRADE_SLICES};
 use super::config::Nonlinearity;
-use crate::nn::fast_math::{madd, sigmoid};
+use crate::kernels::fast_math::{madd, sigmoid};
 
 /// Minimum number of elements per thread before a kernel splits work.
 const PAR_GRAIN: usize = 1 << 15;
@@ -67,7 +67,7 @@ field!(f64, std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
 /// `√(2/π)`, the tanh GELU's inner scale.
 const GELU_TANH_K: f32 = std::f32::consts::FRAC_2_SQRT_PI * std::f32::consts::FRAC_1_SQRT_2;
 
-crate::nn::fast_math::simd_fn! {
+crate::kernels::fast_math::simd_fn! {
     /// `f` on every f32 in `data`, vectorised: the tanh GELU, sigmoid and SiLU through
     /// `0.5 · (1 + tanh u) = σ(2u)` and the overflow-free [`sigmoid`] (libm's scalar `tanhf`
     /// took ~6 % of an L-GATr forward).

@@ -24,15 +24,22 @@ use crate::config_check::{Section, MAX_CLASSES, MAX_INPUT_CHANNELS, MAX_LAYERS, 
 use crate::error::{Error, Result};
 use crate::profile::Span;
 use crate::models::{Model, NamedTensors};
-use crate::nn::depthwise::{depthwise_conv2d_nhwc, depthwise_nhwc_q8, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
+use crate::kernels::depthwise::{depthwise_conv2d_nhwc, depthwise_nhwc_q8, DepthwiseConfig, DepthwiseConv2d, DepthwiseImpl, DwActivation};
 use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
 use crate::weights::{StoredDType, Vb};
 
-mod folded_head;
 pub mod pipeline;
 
-use folded_head::{ClassifierWeight, FoldedHead};
+use crate::kernels::folded_decode::{ClassifierWeight, FoldedDecode};
+
+/// The decode head with `linear_fuse` and the BatchNorm multiplied into the stage projections.
+struct FoldedHead {
+    /// Per stage: `linear_fuse[:, block(s)] · proj_s` as `[D, C_s]`, no bias.
+    stage: Vec<Linear>,
+    /// The rest, in bands of rows.
+    decode: FoldedDecode,
+}
 
 pub use pipeline::{argmax_classes, resize_argmax, ClassMap, Preprocess, Segmenter};
 
@@ -259,12 +266,12 @@ fn ln(vb: &Vb, dim: usize) -> Result<LayerNorm> {
 /// `[B, N, C]` tokens of an `h × w` map → `[B, C, h, w]` (contiguous).
 fn tokens_to_nchw(x: &Tensor, h: usize, w: usize) -> candle_core::Result<Tensor> {
     let (b, _, c) = x.dims3()?;
-    crate::nn::cpu_slice::transpose_last_two(x)?.reshape((b, c, h, w))
+    crate::kernels::cpu_slice::transpose_last_two(x)?.reshape((b, c, h, w))
 }
 
 /// `[B, C, h, w]` → `[B, h·w, C]` (contiguous).
 fn nchw_to_tokens(x: &Tensor) -> candle_core::Result<Tensor> {
-    crate::nn::cpu_slice::transpose_last_two(&x.flatten_from(2)?)
+    crate::kernels::cpu_slice::transpose_last_two(&x.flatten_from(2)?)
 }
 
 struct PatchEmbed {
@@ -343,10 +350,10 @@ impl Attention {
         let v = self.heads(&self.value.forward(&kv)?)?;
         let scale = (self.head_dim as f64).powf(-0.5);
         // Projections that round their activations to 8 bits (a Q8_0 file's) take int8 products here too.
-        let fused = if self.query.runs_int8() && crate::nn::int8_attention::applies(&q, &k, &v) {
-            Some(crate::nn::int8_attention::attention(&q, &k, &v, scale as f32))
-        } else if crate::nn::fused_attention::applies(&q, &k, &v) {
-            Some(crate::nn::fused_attention::attention(&q, &k, &v, scale as f32))
+        let fused = if self.query.runs_int8() && crate::kernels::int8_attention::applies(&q, &k, &v) {
+            Some(crate::kernels::int8_attention::attention(&q, &k, &v, scale as f32))
+        } else if crate::kernels::fused_attention::applies(&q, &k, &v) {
+            Some(crate::kernels::fused_attention::attention(&q, &k, &v, scale as f32))
         } else {
             None
         };
@@ -566,16 +573,18 @@ impl DecodeHead {
             }
             let cls = f32v.pp("classifier");
             let cls_w = cls.get((labels, d, 1, 1), "weight")?.reshape((labels, d))?;
-            let packed = if int8 { crate::nn::int8_gemm::PackedQ8::from_f32(&cls_w)? } else { None };
+            let packed = if int8 { crate::kernels::int8_gemm::PackedQ8::from_f32(&cls_w)? } else { None };
             let classifier = match packed {
                 Some(p) => ClassifierWeight::Int8(p),
                 None => ClassifierWeight::F32(cls_w.flatten_all()?.to_vec1::<f32>()?),
             };
             Some(FoldedHead {
                 stage,
-                bias: bias.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-                classifier,
-                classifier_bias: cls.get(labels, "bias")?.to_vec1::<f32>()?,
+                decode: FoldedDecode {
+                    bias: bias.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+                    classifier,
+                    classifier_bias: cls.get(labels, "bias")?.to_vec1::<f32>()?,
+                },
             })
         } else {
             None
@@ -607,8 +616,8 @@ impl DecodeHead {
     fn forward_folded(&self, f: &FoldedHead, feats: &[(Tensor, usize, usize)]) -> candle_core::Result<Tensor> {
         let (b, _, _) = feats[0].0.dims3()?;
         let (_, h0, w0) = feats[0];
-        let d = f.bias.len();
-        let labels = f.classifier_bias.len();
+        let d = f.decode.bias.len();
+        let labels = f.decode.classifier_bias.len();
         let maps = feats
             .iter()
             .zip(&f.stage)
@@ -622,7 +631,7 @@ impl DecodeHead {
             };
             planes.push((&data[layout.start_offset()..][..b * h * w * d], *h, *w));
         }
-        let logits = f.logits(&planes, b, (h0, w0))?;
+        let logits = f.decode.logits(&planes, b, (h0, w0))?;
         drop(held);
         Tensor::from_vec(logits, (b, labels, h0, w0), feats[0].0.device())
     }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::imageio::resample::{resize, Filter};
+use crate::kernels::bilinear_cpu::axis_taps;
 
 pub use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
 
@@ -202,20 +203,6 @@ pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<
         }
     });
     Ok(out)
-}
-
-/// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
-pub(crate) fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
-    (0..n_out).map(|o| axis_tap(n_in, n_out, o)).collect()
-}
-
-/// The align_corners=False source taps `(i0, i1, λ1)` of output index `o` of `n_out` over `n_in` inputs.
-pub(crate) fn axis_tap(n_in: usize, n_out: usize, o: usize) -> (usize, usize, f32) {
-    let scale = n_in as f32 / n_out as f32;
-    let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
-    let i0 = (src as usize).min(n_in - 1);
-    let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
-    (i0, i1, src - i0 as f32)
 }
 
 /// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.

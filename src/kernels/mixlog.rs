@@ -14,7 +14,7 @@ use crate::error::Result;
 const PIXELS: usize = 256;
 
 /// The constants of transformers' `chmv2_mixlog` normalisation.
-pub(super) struct MixLog {
+pub struct MixLog {
     /// Upper clamp of the shift that makes the smallest bin weight non-negative.
     pub max_clamp: f32,
     /// Added to that shift.
@@ -29,7 +29,7 @@ pub(super) struct MixLog {
 /// the logits are not f32 on the CPU or record a gradient (then Candle's ops run). Per pixel, as
 /// transformers: `y = relu(x)`, `y += clamp(-min y, 0, max_clamp) + eps_shift`, `d = Σ y` (1 when
 /// not finite, at least eps), `out = max(Σ (y / d) · max(bin, eps), eps) · scale`.
-pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Option<Tensor>> {
+pub fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Option<Tensor>> {
     if !plain_f32_cpu(x) {
         return Ok(None);
     }
@@ -39,7 +39,7 @@ pub(super) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Opt
     }
     let hw = h * w;
     let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
-    let out = crate::nn::cpu_slice::with_contiguous(x, |xs: &[f32]| {
+    let out = crate::kernels::cpu_slice::with_contiguous(x, |xs: &[f32]| {
         if n == 0 {
             return vec![0f32; b * hw];
         }
@@ -74,7 +74,7 @@ fn by_bands(b: usize, hw: usize, band: impl Fn(usize, usize, &mut [f32]) + Sync)
 /// and reduced there, so the `[B, n, H, W]` logits (177 MB at 416²) are never written, checked
 /// and read back. `None` where [`mixlog_heights`] would decline, or the conv is not a 1×1 from
 /// `k` to `n = bins.len()` channels in f32.
-pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
+pub fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
     if !plain_f32_cpu(hidden) || !plain_f32_cpu(weight) || bias.is_some_and(|b| !plain_f32_cpu(b)) {
         return Ok(None);
     }
@@ -93,7 +93,7 @@ pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias:
     let bad: Vec<AtomicBool> = (0..b).map(|_| AtomicBool::new(false)).collect();
     let band = |item: usize, x: &[f32], ws: &[f32], p0: usize, out: &mut [f32]| {
         let len = out.len();
-        crate::nn::cpu_slice::with_scratch(&LOGITS, |logits| {
+        crate::kernels::cpu_slice::with_scratch(&LOGITS, |logits| {
             logits.resize(n * PIXELS, 0.0);
             for (row, &v) in logits.chunks_exact_mut(PIXELS).zip(&bias) {
                 row[..len].fill(v);
@@ -116,8 +116,8 @@ pub(super) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias:
             pixels(logits, PIXELS, 0, out, &bins, c);
         });
     };
-    let out = crate::nn::cpu_slice::with_contiguous(weight, |ws: &[f32]| {
-        crate::nn::cpu_slice::with_contiguous(hidden, |xs: &[f32]| by_bands(b, hw, |item, p0, o| band(item, &xs[item * k * hw..][..k * hw], ws, p0, o)))
+    let out = crate::kernels::cpu_slice::with_contiguous(weight, |ws: &[f32]| {
+        crate::kernels::cpu_slice::with_contiguous(hidden, |xs: &[f32]| by_bands(b, hw, |item, p0, o| band(item, &xs[item * k * hw..][..k * hw], ws, p0, o)))
     })?
     .transpose()?
     .flatten();

@@ -37,6 +37,9 @@ impl Row<'_> {
 
     /// Output pixels `x0 .. x0 + PX` (clipped to the row) of the tile's channels; `MASKED` loads
     /// only the lanes whose input column lies inside the row.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA, and `x0` is a pixel of the output row.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn chunk_avx2<const MASKED: bool>(&self, x0: usize) {
         let s = self.s;

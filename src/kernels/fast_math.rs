@@ -19,6 +19,8 @@ macro_rules! simd_fn {
             #[cfg(target_arch = "x86_64")]
             {
                 if std::arch::is_x86_feature_detected!("avx512f") {
+                    /// # Safety
+                    /// The CPU has the target features enabled for it.
                     #[target_feature(enable = "avx512f,avx2,fma")]
                     unsafe fn wide($($arg: $ty),*) -> $ret {
                         body::<true>($($arg),*)
@@ -27,6 +29,8 @@ macro_rules! simd_fn {
                     return unsafe { wide($($arg),*) };
                 }
                 if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                    /// # Safety
+                    /// The CPU has the target features enabled for it.
                     #[target_feature(enable = "avx2,fma")]
                     unsafe fn wide($($arg: $ty),*) -> $ret {
                         body::<true>($($arg),*)
@@ -40,7 +44,7 @@ macro_rules! simd_fn {
         }
     };
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
-        $crate::nn::fast_math::simd_fn! { $(#[$meta])* $vis fn $name<_FUSED>($($arg: $ty),*) -> $ret $body }
+        $crate::kernels::fast_math::simd_fn! { $(#[$meta])* $vis fn $name<_FUSED>($($arg: $ty),*) -> $ret $body }
     };
 }
 pub(crate) use simd_fn;

@@ -91,6 +91,7 @@ impl Keys {
         let mut scale = vec![0f32; padded];
         let mut row = vec![0i8; width];
         for j in 0..n {
+            // SAFETY: AVX-512F runs here (this function's contract); both slices are `d` long, a multiple of 16.
             scale[j] = unsafe { simd::round_row(&k.from_row(b, h, j)[..d], &mut row[..d]) };
             // Each 4 bytes of the key go whole to their tile row (64 bytes apart).
             let (tile, col) = (j / KEYS, j % KEYS);
@@ -138,6 +139,7 @@ impl Values {
         for j0 in (0..n).step_by(4) {
             quad.fill(0);
             for (t, dst) in quad.chunks_exact_mut(width).enumerate().take(n - j0) {
+                // SAFETY: AVX-512F runs here (this function's contract); the three slices are `d` long, a multiple of 16.
                 unsafe { simd::round_by(&v.from_row(b, h, j0 + t)[..d], &inv[..d], &mut dst[..d]) };
             }
             let (step, r) = (j0 / DEPTH, (j0 % DEPTH) / 4);
@@ -195,6 +197,7 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, d: 
                 let steps = width / DEPTH;
                 for pair in 0..padded_keys / (2 * KEYS) {
                     let b0 = keys.tiles.as_ptr().add(2 * pair * steps * 1024);
+                    // SAFETY: as above: `b0` starts a pair of key tiles, the sums their 32 columns.
                     unsafe { amx::dot_s8_32x32(q8.as_ptr(), width, b0, b0.add(steps * 1024), steps, sums.add(pair * 2 * KEYS), padded_keys * 4) };
                 }
                 let mut prob_sums = [0u32; ROWS];
@@ -320,7 +323,7 @@ mod simd {
         _mm512_reduce_add_epi32(sum) as u32
     }
 
-    /// `eˣ` for `x ≤ 0`, lane by lane: [`crate::nn::fast_math::exp_nonpositive`]'s reduction and
+    /// `eˣ` for `x ≤ 0`, lane by lane: [`crate::kernels::fast_math::exp_nonpositive`]'s reduction and
     /// polynomial, the power of two applied by `vscalefps`.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -346,7 +349,7 @@ mod tests {
 
     #[test]
     fn tracks_the_f32_attention_within_8_bit_rounding() {
-        if !crate::nn::amx::available() {
+        if !crate::kernels::amx::available() {
             eprintln!("no AMX here: the int8 attention does not run");
             return;
         }
@@ -356,11 +359,11 @@ mod tests {
         for (b, h, nq, nk, d) in [(2, 3, 75, 70, 64), (1, 2, 40, 130, 128), (1, 3, 70, 90, 32), (2, 1, 33, 45, 96)] {
             // Fixed inputs: the error depends on the draw (1.1 % to 2.7 % of max |f32| over random
             // draws), and a test must not pass or fail by chance.
-            let q = crate::nn::test_values::spread((b, h, nq, d), 1, &dev);
-            let k = crate::nn::test_values::spread((b, h, nk, d), 2, &dev);
-            let v = crate::nn::test_values::spread((b, h, nk, d), 3, &dev);
+            let q = crate::kernels::test_values::spread((b, h, nq, d), 1, &dev);
+            let k = crate::kernels::test_values::spread((b, h, nk, d), 2, &dev);
+            let v = crate::kernels::test_values::spread((b, h, nk, d), 3, &dev);
             let scale = 1.0 / (d as f32).sqrt();
-            let want = crate::nn::fused_attention::attention(&q, &k, &v, scale).unwrap();
+            let want = crate::kernels::fused_attention::attention(&q, &k, &v, scale).unwrap();
             let got = attention(&q, &k, &v, scale).unwrap();
             let err = (&got - &want).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
             let max = want.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
@@ -371,7 +374,7 @@ mod tests {
 
     #[test]
     fn strided_heads_and_bad_shapes() {
-        if !crate::nn::amx::available() {
+        if !crate::kernels::amx::available() {
             return;
         }
         let dev = Device::Cpu;

@@ -8,15 +8,15 @@ use candle_nn::{Conv2dConfig, LayerNorm};
 use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
-use super::activation::Activation;
-use super::attention::{merge_heads, sdpa, split_fused_qkv, split_heads};
-use super::int8_attention;
-use super::interpolate::{bicubic, Resize};
-use super::grad::layer_norm as layer_norm_grad;
-use super::layers::{conv2d, layer_norm};
-use super::linear::Linear;
-use super::residual::add_scaled;
-use super::rope2d::Rope2d;
+use crate::nn::activation::Activation;
+use crate::nn::attention::{merge_heads, sdpa, split_fused_qkv, split_heads};
+use crate::kernels::int8_attention;
+use crate::nn::interpolate::{bicubic, Resize};
+use crate::nn::grad::layer_norm as layer_norm_grad;
+use crate::nn::layers::{conv2d, layer_norm};
+use crate::nn::linear::Linear;
+use crate::kernels::residual::add_scaled;
+use crate::nn::rope2d::Rope2d;
 use crate::config_check::{Section, MAX_INPUT_CHANNELS, MAX_IMAGE_SIZE, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::weights::Vb;
@@ -741,20 +741,20 @@ mod tests {
         let dev = Device::Cpu;
         let (dim, heads, n) = (128, 2, 40);
         // Fixed inputs: the error depends on the draw (0.9 % to 2.1 % of max |f32| over random ones).
-        let w = |seed| (crate::nn::test_values::spread((dim, dim), seed, &dev) * 0.1).unwrap();
+        let w = |seed| (crate::kernels::test_values::spread((dim, dim), seed, &dev) * 0.1).unwrap();
         let (wq, wk, wv, wo) = (w(1), w(2), w(3), w(4));
         let int8 = |w: &Tensor| Linear::int8_from_f32(w, None).unwrap();
         if int8(&wq).is_none() {
             return; // no int8 GEMM on this CPU
         }
         let attn = SelfAttention::from_linears(int8(&wq).unwrap(), int8(&wk).unwrap(), int8(&wv).unwrap(), Linear::from_tensors(wo.clone(), None).unwrap(), dim, heads).unwrap();
-        let x = crate::nn::test_values::spread((1, n, dim), 5, &dev);
+        let x = crate::kernels::test_values::spread((1, n, dim), 5, &dev);
         let got = attn.forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
         // The same int8 projections around the f32 attention.
         let project = |w: &Tensor| split_heads(&int8(w).unwrap().forward(&x).unwrap(), heads).unwrap();
         let o = sdpa(&project(&wq), &project(&wk), &project(&wv), 1.0 / ((dim / heads) as f64).sqrt(), None).unwrap();
         let want = Linear::from_tensors(wo, None).unwrap().forward(&merge_heads(&o).unwrap()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        if crate::nn::amx::available() {
+        if crate::kernels::amx::available() {
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
             eprintln!("int8 attention: max abs error {err} (max |f32| {max})");

@@ -448,6 +448,9 @@ mod vnni {
     /// # Safety
     /// The CPU has AVX-512 F/BW/VNNI; `a` holds `R` rows of `k` bytes and `d` `R` rows of k/32
     /// scales; `t.out` addresses `R` rows (stride `t.ldo`) of at least `t.cols` writable floats.
+    ///
+    /// # Safety
+    /// None: it is never called.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     pub(super) unsafe fn tile<const R: usize>(panel: &[PanelBlock], a: &[u8], d: &[f32], k: usize, t: Tile) {
         let kb = k / BLOCK;
@@ -495,6 +498,9 @@ mod vnni {
     ///
     /// # Safety
     /// As [`tile`], with AVX2, FMA and AVX-VNNI instead of AVX-512.
+    ///
+    /// # Safety
+    /// None: it is never called.
     #[target_feature(enable = "avx2,fma,avxvnni")]
     pub(super) unsafe fn tile256<const R: usize>(panel: &[PanelBlock], a: &[u8], d: &[f32], k: usize, t: Tile) {
         let kb = k / BLOCK;
@@ -545,10 +551,16 @@ mod vnni {
 mod vnni {
     use super::{PanelBlock, Tile};
     /// Never called: [`super::available`] is false off x86-64.
+    ///
+    /// # Safety
+    /// None: it is never called.
     pub(super) unsafe fn tile<const R: usize>(_: &[PanelBlock], _: &[u8], _: &[f32], _: usize, _: Tile) {
         unreachable!("the int8 GEMM runs on x86-64 only")
     }
     /// Never called: [`super::available`] is false off x86-64.
+    ///
+    /// # Safety
+    /// None: it is never called.
     pub(super) unsafe fn tile256<const R: usize>(_: &[PanelBlock], _: &[u8], _: &[f32], _: usize, _: Tile) {
         unreachable!("the int8 GEMM runs on x86-64 only")
     }
@@ -622,7 +634,7 @@ mod tests {
         let (n, k) = (37, 512);
         // A row of zeros: blocks whose step is 0.
         let zeros = candle_core::Tensor::zeros((1, k), candle_core::DType::F32, &cpu).unwrap();
-        let w = candle_core::Tensor::cat(&[&zeros, &crate::nn::test_values::spread((n - 1, k), 5, &cpu)], 0).unwrap();
+        let w = candle_core::Tensor::cat(&[&zeros, &crate::kernels::test_values::spread((n - 1, k), 5, &cpu)], 0).unwrap();
         let q = QTensor::quantize(&w, GgmlDType::Q4K).unwrap();
         let data = q.data().unwrap();
         let direct = PackedQ8::from_q4k(&data, n, k).unwrap();

@@ -688,7 +688,7 @@ thread_local! {
 /// whole blocks.
 pub fn depthwise_nhwc_q8(x: &Tensor, w: &Tensor, bias: &Tensor, act: DwActivation, cfg: DepthwiseConfig) -> candle_core::Result<Option<(Vec<u8>, Vec<f32>)>> {
     use super::int8_gemm::{quantize_row_into, BLOCK};
-    let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !super::grad::records(t));
+    let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !crate::nn::grad::records(t));
     let &[b, h, wd, c] = x.dims() else {
         candle_core::bail!("depthwise conv (NHWC): input must be [B, H, W, C], got {:?}", x.dims());
     };
@@ -960,13 +960,13 @@ mod tests {
     fn quantized_output_equals_the_f32_output_rounded() {
         let dev = Device::Cpu;
         for (b, h, w, c, stride, act) in [(2, 9, 7, 64, 1, DwActivation::GeluErf), (1, 10, 13, 32, 2, DwActivation::None)] {
-            let x = crate::nn::test_values::spread((b, h, w, c), 1, &dev);
-            let wt = crate::nn::test_values::spread((c, 1, 3, 3), 2, &dev);
-            let bias = crate::nn::test_values::spread(c, 3, &dev);
+            let x = crate::kernels::test_values::spread((b, h, w, c), 1, &dev);
+            let wt = crate::kernels::test_values::spread((c, 1, 3, 3), 2, &dev);
+            let bias = crate::kernels::test_values::spread(c, 3, &dev);
             let cfg = DepthwiseConfig { stride, padding: 1, dilation: 1 };
             let y = depthwise_conv2d_nhwc(&x, &wt, Some(&bias), act, cfg).unwrap();
             let (_, oh, ow, _) = y.dims4().unwrap();
-            let want = crate::nn::int8_gemm::quantize_rows(&y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b * oh * ow, c);
+            let want = crate::kernels::int8_gemm::quantize_rows(&y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b * oh * ow, c);
             let got = depthwise_nhwc_q8(&x, &wt, &bias, act, cfg).unwrap().expect("f32 CPU, whole blocks");
             assert_eq!(got, want, "{b}×{h}×{w}×{c} stride {stride} {act:?}");
         }

@@ -40,7 +40,7 @@ impl Window {
 /// not run (not f32, not on the CPU, or recording for autograd): the caller takes the NCHW conv.
 pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
     let tensors = [Some(x), Some(weight), bias];
-    if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || super::grad::records(t)) {
+    if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || crate::nn::grad::records(t)) {
         return Ok(None);
     }
     let (o, c, kh, kw) = weight.dims4()?;
@@ -83,7 +83,7 @@ const INT8_COLUMN_FLOATS: usize = 1 << 20;
 /// 8 bits and multiplied by the int8 GEMM (a Q8_0 model's convolutions). `Ok(None)` where [`conv2d`]
 /// would not run (not f32, not on the CPU, or recording for autograd).
 pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
-    if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || super::grad::records(t)) {
+    if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || crate::nn::grad::records(t)) {
         return Ok(None);
     }
     let (o, k) = (weight.packed.n(), weight.packed.k());
@@ -94,7 +94,7 @@ pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias
     let per_product = (INT8_COLUMN_FLOATS / k.max(1)).max(1);
     let mut out: Vec<f32> = Vec::with_capacity(b * pixels * o);
     let wrote = with_contiguous(x, |xs: &[f32]| {
-        with_scratch(&super::conv::COLUMNS, |columns| -> Result<()> {
+        with_scratch(&crate::kernels::conv2d::COLUMNS, |columns| -> Result<()> {
             // Grown once per thread, never zeroed again: `patch` writes every value.
             if columns.len() < per_product.min(b * pixels) * k {
                 columns.resize(per_product.min(b * pixels) * k, 0.0);
@@ -194,7 +194,7 @@ impl Shape {
     #[allow(clippy::too_many_arguments)]
     unsafe fn block(&self, image: &[f32], first: usize, count: usize, weight: &[f32], bias: Option<&[f32]>, dst: *mut f32, par: gemm::Parallelism) {
         let k = self.taps();
-        with_scratch(&super::conv::COLUMNS, |cols| {
+        with_scratch(&crate::kernels::conv2d::COLUMNS, |cols| {
             cols.resize(count * k, 0.0);
             let fill = |(i, row): (usize, &mut [f32])| self.patch(image, first + i, row);
             if matches!(par, gemm::Parallelism::None) {
@@ -254,9 +254,9 @@ mod tests {
     fn int8_tracks_the_f32_conv() {
         let dev = Device::Cpu;
         let (b, c, h, w, o) = (2, 64, 47, 45, 40);
-        let x = crate::nn::test_values::spread((b, h * w, c), 1, &dev);
-        let wt = crate::nn::test_values::spread((o, c, 3, 3), 2, &dev);
-        let bias = crate::nn::test_values::spread(o, 3, &dev);
+        let x = crate::kernels::test_values::spread((b, h * w, c), 1, &dev);
+        let wt = crate::kernels::test_values::spread((o, c, 3, 3), 2, &dev);
+        let bias = crate::kernels::test_values::spread(o, 3, &dev);
         let window = Window { kernel: (3, 3), stride: 1, pad: 1 };
         assert!(b * h * w * 9 * c > INT8_COLUMN_FLOATS, "the test must cover several products");
         let Some(held) = Int8Weight::new(&wt).unwrap() else {
@@ -270,7 +270,7 @@ mod tests {
         let max = want.abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
         assert!(err > 0.0 && err < 0.02 * max, "max error {err} (max |f32| {max})");
         // A patch of 3·3·3 values is not whole Q8_0 blocks: no int8 weight; a mismatched input is an error.
-        assert!(Int8Weight::new(&crate::nn::test_values::spread((o, 3, 3, 3), 4, &dev)).unwrap().is_none());
+        assert!(Int8Weight::new(&crate::kernels::test_values::spread((o, 3, 3, 3), 4, &dev)).unwrap().is_none());
         assert!(conv2d_int8(&x, (h + 1, w), &held, Some(&bias), window).is_err());
     }
 

@@ -25,6 +25,9 @@ impl Row<'_> {
     }
 
     /// Output pixels `x0 .. x0 + 16·NV` (clipped to the row) of the tile's channels.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, and `x0` is a pixel of the output row.
     #[target_feature(enable = "avx512f")]
     unsafe fn chunk<const NV: usize>(&self, x0: usize) {
         let s = self.s;

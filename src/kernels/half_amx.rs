@@ -56,6 +56,9 @@ mod tiles {
     const BLOCK_BYTES: usize = 1 << 20;
 
     /// See [`super::xw_into`].
+    ///
+    /// # Safety
+    /// As [`super::xw_into`]'s.
     pub(super) unsafe fn xw_into(out: *mut f32, xs: &[f32], rows: usize, k: usize, ws: &[half::f16], n: usize) {
         use rayon::prelude::*;
         thread_local! {
@@ -136,6 +139,9 @@ mod tiles {
 
     /// Writes `x`'s `hi` and `lo` parts (zeros past `x.len()`) into a strip's tiles, this row's
     /// 32 values of each step at `at` (`hi`) and `at + 2` tiles (`lo`) from the step's start.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW, VL and BF16.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     unsafe fn split_row(x: &[f32], tiles: &mut [u16], at: usize) {
         for (step, tile) in tiles.chunks_exact_mut(STEP_LEN).enumerate() {
@@ -157,6 +163,9 @@ mod tiles {
     /// Packs columns `j0 .. j0 + cols` of `w [k, n]` for the tiles: for each 32 columns and each
     /// depth step, four 16 × 16-pair tiles (`hi` of columns 0–15, `hi` of 16–31, then `lo`), each
     /// row the column pairs `(w[2r][j], w[2r+1][j])` (zeros past `k` and `n`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW, VL and F16C.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
     unsafe fn pack_weight(packed: &mut [u16], ws: &[half::f16], k: usize, kp: usize, n: usize, j0: usize, cols: usize) {
         let block_len = kp / STEP * STEP_LEN;

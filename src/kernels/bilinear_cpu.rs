@@ -24,7 +24,7 @@ pub(crate) struct Tap {
 
 /// The taps along one axis, `n_in ≥ 1` (PyTorch's `area_pixel_compute_source_index`, scale
 /// `in / out`, or `(in − 1) / (out − 1)` with `align_corners`); also the rows of
-/// [`super::grad::linear_matrix`].
+/// [`crate::nn::grad::linear_matrix`].
 pub(crate) fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
     let scale = if align_corners {
         if n_out > 1 { (n_in - 1) as f64 / (n_out - 1) as f64 } else { 0.0 }
@@ -166,6 +166,20 @@ impl RowPlan {
         let b = _mm512_permutex2var_ps(w0, _mm512_loadu_si512(p.hi.as_ptr().cast()), w1);
         _mm512_add_ps(_mm512_mul_ps(a, _mm512_loadu_ps(p.one_minus_t.as_ptr())), _mm512_mul_ps(b, _mm512_loadu_ps(p.t.as_ptr())))
     }
+}
+
+/// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
+pub fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+    (0..n_out).map(|o| axis_tap(n_in, n_out, o)).collect()
+}
+
+/// The align_corners=False source taps `(i0, i1, λ1)` of output index `o` of `n_out` over `n_in` inputs.
+pub fn axis_tap(n_in: usize, n_out: usize, o: usize) -> (usize, usize, f32) {
+    let scale = n_in as f32 / n_out as f32;
+    let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
+    let i0 = (src as usize).min(n_in - 1);
+    let i1 = if i0 < n_in - 1 { i0 + 1 } else { i0 };
+    (i0, i1, src - i0 as f32)
 }
 
 #[cfg(test)]

@@ -270,6 +270,9 @@ impl Task<'_> {
 
     /// Channel `ci`'s input patches → its 16 transformed planes in `v` (`[16][c][48]`); an
     /// upsampled input's rows are interpolated into `line` (the output width, rounded up to 16).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f")]
     unsafe fn transform_input<const NV: usize>(&self, ci: usize, v: &mut [f32], line_buffer: &mut [f32]) {
         use std::arch::x86_64::*;
@@ -345,6 +348,9 @@ impl Task<'_> {
     }
 
     /// The 16 products of one channel tile → 2×2 output pixels per tile, plus the bias.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f")]
     unsafe fn transform_output<const NV: usize>(&self, tile: usize, m: &[[[std::arch::x86_64::__m512; NV]; CO]; 16]) {
         use std::arch::x86_64::*;
@@ -467,7 +473,7 @@ mod tests {
             let src = Tensor::randn(0f32, 1.0, (b, c, sh, sw), &dev).unwrap();
             let ws = Tensor::randn(0f32, 1.0, (o, c, 3, 3), &dev).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let bias: Vec<f32> = (0..o).map(|i| i as f32 * 0.1 - 0.5).collect();
-            let up = crate::nn::bilinear_cpu::bilinear(&src, h, w, align).unwrap().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let up = crate::kernels::bilinear_cpu::bilinear(&src, h, w, align).unwrap().unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
             let src = src.flatten_all().unwrap().to_vec1::<f32>().unwrap();
             for relu_output in [false, true] {
                 let fused = Fused { relu_output, ..Fused::default() };

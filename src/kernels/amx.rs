@@ -105,6 +105,7 @@ mod kernels {
         /// # Safety
         /// AMX runs here and the configuration is valid.
         unsafe fn load(&self) {
+            // SAFETY: what this function's `# Safety` section requires is what these instructions need.
             unsafe {
                 if self.0[0] == 0 {
                     asm!("tilerelease", options(nostack, nomem));
@@ -120,6 +121,7 @@ mod kernels {
         /// AMX runs here.
         unsafe fn stored() -> Config {
             let mut c = Config([0; 64]);
+            // SAFETY: what this function's `# Safety` section requires is what these instructions need.
             unsafe { asm!("sttilecfg [{}]", in(reg) &mut c, options(nostack)) };
             c
         }
@@ -160,6 +162,7 @@ mod kernels {
     /// AMX runs here and `config` is a valid configuration.
     #[cfg(test)]
     pub(crate) unsafe fn load_config(config: &[u8; 64]) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe { Config(*config).load() };
     }
 
@@ -169,6 +172,7 @@ mod kernels {
     /// AMX runs here.
     #[cfg(test)]
     pub(crate) unsafe fn stored_config() -> [u8; 64] {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe { Config::stored().0 }
     }
 
@@ -178,6 +182,7 @@ mod kernels {
     /// [`Tiles::configure`] is in force and each address has 16 rows of 64 writable bytes.
     #[inline]
     unsafe fn store_sums(c: [*mut i32; 4], ldc: usize) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe {
             asm!(
                 "tilestored [{c0} + {ldc}*1], tmm0",
@@ -203,6 +208,7 @@ mod kernels {
     /// [`Tiles::configure`] is in force on this thread and every address is inside its buffer.
     #[inline]
     pub(crate) unsafe fn dot_s8_32x32(a: *const i8, lda: usize, b0: *const i8, b1: *const i8, steps: usize, c: *mut i32, ldc: usize) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe {
             asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
             for s in 0..steps {
@@ -236,6 +242,7 @@ mod kernels {
     /// As [`dot_s8_32x32`].
     #[inline]
     pub(crate) unsafe fn dot_u8s8_16x64(a: *const u8, lda: usize, b: *const i8, b_step: usize, steps: usize, c: *mut i32) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe {
             asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
             for s in 0..steps {
@@ -270,6 +277,7 @@ mod kernels {
     /// [`Tiles::configure`] is in force on this thread.
     #[inline]
     pub(crate) unsafe fn zero_sums() {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem)) };
     }
 
@@ -283,6 +291,7 @@ mod kernels {
     /// [`Tiles::configure`] is in force on this thread and `a` and `b` hold `steps` steps.
     #[inline]
     pub(crate) unsafe fn add_split_bf16_32x32(a: *const u16, b: *const u16, steps: usize) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe {
             for s in 0..steps {
                 asm!(
@@ -323,6 +332,7 @@ mod kernels {
     /// [`Tiles::configure`] is in force and `c` has 32 rows of 128 writable bytes, `ldc` apart.
     #[inline]
     pub(crate) unsafe fn store_f32_32x32(c: *mut f32, ldc: usize) {
+        // SAFETY: what this function's `# Safety` section requires is what these instructions need.
         unsafe { store_sums([c.cast(), c.byte_add(64).cast(), c.byte_add(16 * ldc).cast(), c.byte_add(16 * ldc + 64).cast()], ldc) };
     }
 }

@@ -1,49 +1,47 @@
-//! SegFormer's decode head, folded ([`super::DecodeHeadImpl::Folded`]), on f32 CPU tensors. The
+//! SegFormer's decode head, folded (`DecodeHeadImpl::Folded`), on f32 CPU tensors. The
 //! output is computed in bands of rows: each band's fused features (bias plus the upsampled stage
 //! maps, then ReLU) are classified while they are still in cache, straight into the NCHW logits, so
 //! the `[B, H·W, D]` feature map (16 MB for B0 at 512²) is never written out and read back.
 use rayon::prelude::*;
 
-use super::pipeline::axis_taps;
-use crate::nn::cpu_slice::{with_scratch, SharedOut};
-use crate::nn::int8_gemm::PackedQ8;
-use crate::nn::Linear;
+use crate::kernels::bilinear_cpu::axis_taps;
+use crate::kernels::cpu_slice::{with_scratch, SharedOut};
+use crate::kernels::int8_gemm::PackedQ8;
 
 /// Output pixels per band (4 rows of B0's 128-wide map at 512²): the band's features (512 KiB at
 /// 256 channels) and logits stay in L2 between the two steps.
 const BAND_PIXELS: usize = 512;
 
 /// The classifier's `[L, D]` weight as the band products read it.
-pub(super) enum ClassifierWeight {
+pub enum ClassifierWeight {
     /// f32, row-major.
     F32(Vec<f32>),
     /// Rounded to Q8_0 for the int8 GEMM (the head of a Q8_0 file), its features rounded per row.
     Int8(PackedQ8),
 }
 
-/// The decode head with `linear_fuse` and the BatchNorm multiplied into the stage projections.
-pub(super) struct FoldedHead {
-    /// Per stage: `linear_fuse[:, block(s)] · proj_s` as `[D, C_s]`, no bias.
-    pub(super) stage: Vec<Linear>,
+/// The part of a folded decode head after its stage projections (`linear_fuse` and the BatchNorm
+/// multiplied into them): the bias, the ReLU and the classifier.
+pub struct FoldedDecode {
     /// `BN bias + Σ_s linear_fuse[:, block(s)] · proj_s.bias` `[D]`.
-    pub(super) bias: Vec<f32>,
+    pub bias: Vec<f32>,
     /// The classifier `[L, D]` and its bias `[L]`.
-    pub(super) classifier: ClassifierWeight,
-    pub(super) classifier_bias: Vec<f32>,
+    pub classifier: ClassifierWeight,
+    pub classifier_bias: Vec<f32>,
 }
 
 /// One stage's map after its folded linear: channels-last `[B, h·w, D]` values, `h`, `w`.
-pub(super) type StageMap<'a> = (&'a [f32], usize, usize);
+pub type StageMap<'a> = (&'a [f32], usize, usize);
 
 thread_local! {
     /// Each worker's band of fused features.
     static FEATURES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-impl FoldedHead {
+impl FoldedDecode {
     /// The logits `[B, L, h0·w0]` (NCHW) from the stage maps, the first of which is `h0 × w0`:
     /// `classifier · relu(bias + Σ_s bilinear(map_s → h0 × w0)) + classifier bias`.
-    pub(super) fn logits(&self, maps: &[StageMap], b: usize, (h0, w0): (usize, usize)) -> candle_core::Result<Vec<f32>> {
+    pub fn logits(&self, maps: &[StageMap], b: usize, (h0, w0): (usize, usize)) -> candle_core::Result<Vec<f32>> {
         let (d, labels) = (self.bias.len(), self.classifier_bias.len());
         let pixels = h0 * w0;
         let total = b.checked_mul(labels).and_then(|n| n.checked_mul(pixels));
@@ -156,7 +154,7 @@ fn fuse_row(row: &mut [f32], image: usize, (oy, h0): (usize, usize), maps: &[Sta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nn::test_values::spread;
+    use crate::kernels::test_values::spread;
     use candle_core::Device;
 
     /// The logits by the formula, element by element in f64: the bilinear taps, the ReLU, the
@@ -187,7 +185,7 @@ mod tests {
         out
     }
 
-    use super::super::pipeline::axis_tap;
+    use crate::kernels::bilinear_cpu::axis_tap;
 
     /// Several bands per image (a partial last one), two images, a map at the output size and
     /// three smaller ones; the f32 classifier to f32 rounding, the int8 one to 8-bit rounding.
@@ -205,12 +203,12 @@ mod tests {
         let want = reference(&maps, b, (h0, w0), &bias, &w32, &cls_bias);
         let max = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let planes: Vec<StageMap> = maps.iter().map(|(v, h, w)| (v.as_slice(), *h, *w)).collect();
-        let head = |classifier| FoldedHead { stage: vec![], bias: bias.clone(), classifier, classifier_bias: cls_bias.clone() };
+        let head = |classifier| FoldedDecode { bias: bias.clone(), classifier, classifier_bias: cls_bias.clone() };
         assert!(BAND_PIXELS / w0 < h0, "the test must cover several bands");
         let got = head(ClassifierWeight::F32(w32.clone())).logits(&planes, b, (h0, w0)).unwrap();
         let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
         assert!(err <= 1e-4 * max.max(1.0), "f32: max error {err} (max |ref| {max})");
-        if let Some(packed) = PackedQ8::from_f32(&weight).unwrap().filter(|_| crate::nn::int8_gemm::available()) {
+        if let Some(packed) = PackedQ8::from_f32(&weight).unwrap().filter(|_| crate::kernels::int8_gemm::available()) {
             let got = head(ClassifierWeight::Int8(packed)).logits(&planes, b, (h0, w0)).unwrap();
             let err = got.iter().zip(&want).fold(0f32, |m, (g, w)| m.max((g - w).abs()));
             assert!(err > 0.0 && err < 0.03 * max, "int8: max error {err} (max |ref| {max})");

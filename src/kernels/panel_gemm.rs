@@ -183,6 +183,10 @@ unsafe fn passes_512(a: &[f32], lda: usize, m: usize, b: &Panels, c: &mut [f32],
 
 /// The AVX-512 register tile: `c[R × 32] (+)= a[R × kc] · [b | b + next][kc × 32]`, two panels'
 /// slices `next` floats apart, `a` rows `lda` apart, `c` rows `ldc` apart.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` addresses `R` rows of `kc` floats `lda` apart, `b` and `b + next` each
+/// `kc` rows of 16 floats (packed panels), `c` `R` rows of 32 writable floats `ldc` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -213,6 +217,10 @@ unsafe fn pair_512<const R: usize>(kc: usize, a: *const f32, lda: usize, b: *con
 
 /// One panel (the last, odd or partial one: `cols` ≤ 16 of its columns are stored) by `R` rows
 /// with AVX-512, a masked store for a partial panel.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` addresses `R` rows of `kc` floats `lda` apart, `b` `kc` rows of 16
+/// floats (a packed panel), `c` `R` rows of `cols` ≤ 16 writable floats `ldc` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -280,6 +288,9 @@ unsafe fn passes(a: &[f32], lda: usize, m: usize, b: &Panels, c: &mut [f32], ldc
 }
 
 /// [`tile`] for `rows` (1 ..= 6) rows.
+///
+/// # Safety
+/// As [`tile`]'s with `R = rows`, and `rows` is 1 to 6.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -296,6 +307,10 @@ unsafe fn tile_rows(rows: usize, kc: usize, a: *const f32, lda: usize, b: *const
 
 /// The register tile: `c[R × 16] (+)= a[R × kc] · b[kc × 16]`, `a` rows `lda` apart, `b` a packed
 /// panel's slice, `c` rows `ldc` apart.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `a` addresses `R` rows of `kc` floats `lda` apart, `b` `kc` rows of
+/// 16 floats (a packed panel), `c` `R` rows of 16 writable floats `ldc` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile<const R: usize>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, add: bool) {

@@ -1,7 +1,7 @@
 //! The DINOv3 ViT backbone (transformers `DINOv3ViTBackbone`, hub key layout), batched, any input size.
 //!
 //! Tokens are `[cls, registers×R, patches]` with no absolute position embedding; the patch tokens'
-//! queries and keys are rotated by the 2-D RoPE of [`super::rope`]. Blocks are the DINOv2 pre-norm
+//! queries and keys are rotated by the 2-D RoPE of [`crate::nn::rope`]. Blocks are the DINOv2 pre-norm
 //! blocks with LayerScale ([`super::dinov2::Block`]), with DINOv3's projection names
 //! (`attention.{q,k,v,o}_proj`, `mlp.{up,down}_proj`, `mlp.gate_proj` for the gated variant).
 use candle_core::{Module, Tensor};
@@ -9,11 +9,11 @@ use candle_nn::{Conv2dConfig, LayerNorm};
 use crate::nn::conv::Conv2d;
 use serde::Deserialize;
 
-use super::activation::Activation;
+use crate::nn::activation::Activation;
 use super::dinov2::{resolve_out_indices, Block, Ffn, SelfAttention};
-use super::layers::{conv2d, layer_norm};
-use super::linear::Linear;
-use super::rope::Rope2d;
+use crate::nn::layers::{conv2d, layer_norm};
+use crate::nn::linear::Linear;
+use crate::nn::rope::Rope2d;
 use crate::config_check::{Section, MAX_INPUT_CHANNELS, MAX_LAYERS, MAX_MLP_WIDTH, MAX_PATCH, MAX_WIDTH};
 use crate::error::{Error, Result};
 use crate::weights::Vb;
@@ -305,11 +305,11 @@ impl Dinov3 {
     /// into the patch map (`[B, D, ph, pw]`, or tokens without `reshape_hidden_states`) and the class
     /// token when `return_class_token`.
     pub fn stage_output(&self, k: usize, x: &Tensor, ph: usize, pw: usize) -> Result<(Tensor, Option<Tensor>)> {
-        let s = if self.cfg.apply_layernorm || k == self.cfg.num_hidden_layers { super::grad::layer_norm(&self.norm, x)? } else { x.clone() };
+        let s = if self.cfg.apply_layernorm || k == self.cfg.num_hidden_layers { crate::nn::grad::layer_norm(&self.norm, x)? } else { x.clone() };
         let cls = if self.cfg.return_class_token { Some(s.narrow(1, 0, 1)?.squeeze(1)?) } else { None };
         let (b, _, d) = s.dims3()?;
         let patches = s.narrow(1, self.prefix_len(), ph * pw)?;
-        let map = if self.cfg.reshape_hidden_states { super::cpu_slice::transpose_last_two(&patches)?.reshape((b, d, ph, pw))? } else { patches.contiguous()? };
+        let map = if self.cfg.reshape_hidden_states { crate::kernels::cpu_slice::transpose_last_two(&patches)?.reshape((b, d, ph, pw))? } else { patches.contiguous()? };
         Ok((map, cls))
     }
 

@@ -1,11 +1,11 @@
 //! DPT neck blocks (reassemble, 3×3 projections, feature fusion) shared by the depth and height models.
 use candle_core::{Module, Tensor};
 use candle_nn::{Conv2dConfig, ConvTranspose2dConfig};
-use super::conv::Conv2d;
-use super::conv_transpose::ConvTranspose2d;
+use crate::nn::conv::Conv2d;
+use crate::nn::conv_transpose::ConvTranspose2d;
 
-use super::interpolate::bilinear;
-use super::layers::{conv2d, conv_transpose2d};
+use crate::nn::interpolate::bilinear;
+use crate::nn::layers::{conv2d, conv_transpose2d};
 use crate::error::{Error, Result};
 use crate::weights::Vb;
 
@@ -84,7 +84,7 @@ pub fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> R
     if n != prefix + ph * pw {
         return Err(Error::Input(format!("{n} tokens do not make {prefix} + {ph}×{pw}")));
     }
-    Ok(super::cpu_slice::transpose_last_two(&tokens.narrow(1, prefix, ph * pw)?)?.reshape((b, c, ph, pw))?)
+    Ok(crate::kernels::cpu_slice::transpose_last_two(&tokens.narrow(1, prefix, ph * pw)?)?.reshape((b, c, ph, pw))?)
 }
 
 /// Tensor names inside a fusion layer: transformers (`HF`) or original DPT (`ORIGINAL`: `out_conv`,
