@@ -24,7 +24,7 @@ pub(crate) struct Tap {
 
 /// The taps along one axis, `n_in ≥ 1` (PyTorch's `area_pixel_compute_source_index`, scale
 /// `in / out`, or `(in − 1) / (out − 1)` with `align_corners`); also the rows of
-/// [`crate::nn::grad::linear_matrix`].
+/// `nn::grad::linear_matrix`.
 pub(crate) fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
     let scale = if align_corners {
         if n_out > 1 { (n_in - 1) as f64 / (n_out - 1) as f64 } else { 0.0 }

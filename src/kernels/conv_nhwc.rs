@@ -40,7 +40,7 @@ impl Window {
 /// not run (not f32, not on the CPU, or recording for autograd): the caller takes the NCHW conv.
 pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
     let tensors = [Some(x), Some(weight), bias];
-    if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || crate::nn::grad::records(t)) {
+    if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || t.track_op()) {
         return Ok(None);
     }
     let (o, c, kh, kw) = weight.dims4()?;
@@ -83,7 +83,7 @@ const INT8_COLUMN_FLOATS: usize = 1 << 20;
 /// 8 bits and multiplied by the int8 GEMM (a Q8_0 model's convolutions). `Ok(None)` where [`conv2d`]
 /// would not run (not f32, not on the CPU, or recording for autograd).
 pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
-    if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || crate::nn::grad::records(t)) {
+    if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || t.track_op()) {
         return Ok(None);
     }
     let (o, k) = (weight.packed.n(), weight.packed.k());

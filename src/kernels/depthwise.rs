@@ -688,7 +688,7 @@ thread_local! {
 /// whole blocks.
 pub fn depthwise_nhwc_q8(x: &Tensor, w: &Tensor, bias: &Tensor, act: DwActivation, cfg: DepthwiseConfig) -> candle_core::Result<Option<(Vec<u8>, Vec<f32>)>> {
     use super::int8_gemm::{quantize_row_into, BLOCK};
-    let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !crate::nn::grad::records(t));
+    let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !t.track_op());
     let &[b, h, wd, c] = x.dims() else {
         candle_core::bail!("depthwise conv (NHWC): input must be [B, H, W, C], got {:?}", x.dims());
     };

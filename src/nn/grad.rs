@@ -68,31 +68,3 @@ pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result
         x.upsample_bilinear2d(oh, ow, align_corners)
     }
 }
-
-/// Conv2d whose backward Candle gets right. Candle 0.11.1 derives the input gradient's
-/// `output_padding` from the height alone and applies it to the width too, so a strided conv whose
-/// axes leave different remainders fails in backward (4×5 input, stride 2: a 4×6 gradient; Candle
-/// computes that gradient even when only the weights train). [`super::conv::Conv2d`] calls this when `x`
-/// or the weights record: a strided conv is applied to the explicitly padded input cut to the rows and columns its
-/// windows read, which leaves no remainder on either axis.
-pub fn conv2d(conv: &super::conv::Conv2d, x: &Tensor) -> Result<Tensor> {
-    let cfg = conv.config();
-    if cfg.stride == 1 {
-        return conv.forward_candle(x);
-    }
-    let (_, _, h, w) = x.dims4()?;
-    let (_, _, kh, kw) = conv.weight().dims4()?;
-    let p = cfg.padding;
-    let span = |n: usize, k: usize| {
-        let reach = cfg.dilation * (k - 1) + 1;
-        let out = (n + 2 * p).saturating_sub(reach) / cfg.stride + 1;
-        (out - 1) * cfg.stride + reach
-    };
-    let xp = x.pad_with_zeros(2, p, p)?.pad_with_zeros(3, p, p)?;
-    let xp = xp.narrow(2, 0, span(h, kh))?.narrow(3, 0, span(w, kw))?;
-    let y = xp.conv2d(conv.weight(), 0, cfg.stride, cfg.dilation, cfg.groups)?;
-    match conv.bias() {
-        Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
-        None => Ok(y),
-    }
-}
