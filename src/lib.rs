@@ -11,7 +11,6 @@ pub mod inputs;
 pub mod error;
 pub mod kernels;
 pub mod models;
-pub mod preprocess;
 pub mod profile;
 pub mod progress;
 pub mod nn;

@@ -140,7 +140,7 @@ fn end_to_end_outputs_match_the_tasks_and_a_rerun_skips_everything() {
 
     // Outputs mirror the tree and equal what the task APIs produce.
     let est = edgerun::tasks::depth::DepthEstimator::load(&m.depth, &dev(), candle_core::DType::F32).unwrap();
-    let seg = edgerun::models::segformer::Segmenter::load(&m.seg, &dev(), candle_core::DType::F32).unwrap();
+    let seg = edgerun::tasks::segment::Segmenter::load(&m.seg, &dev(), candle_core::DType::F32).unwrap();
     for rel in &rels {
         let stem = rel.rsplit_once('.').unwrap().0;
         let img = image::open(input.join(rel)).unwrap().into_rgb8();

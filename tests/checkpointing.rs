@@ -2,29 +2,29 @@
 //! backward (≤ 1e-6 relative, f32) for `last:N` and `all` on the tiny metric Depth Anything
 //! (DINOv2) and CHMv2 (DINOv3, RoPE) fixtures.
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use edgerun::train::checkpointing::{KeptInputs, SpillFile};
+use edgerun::models::training::Trainee;
+use edgerun::models::Checkpoint;
+use edgerun::train::recompute::{KeptInputs, SpillFile};
 use edgerun::train::grads::Grads;
 use edgerun::train::losses;
 use edgerun::train::select::{select, TrainSpec};
-use edgerun::train::task::{TaskKind, TaskModel};
-use edgerun::weights::{Trainable, Vb, WeightStore};
+use edgerun::weights::{Trainable, Vb};
 
-fn model(fixture: &str, task: TaskKind, spec: TrainSpec) -> (TaskModel, Vec<(String, candle_core::Var)>) {
+fn model(fixture: &str, spec: TrainSpec) -> (Box<dyn Trainee>, Vec<(String, candle_core::Var)>) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(fixture);
-    let store = Arc::new(WeightStore::open(&dir).unwrap());
-    let names: Vec<String> = store.entries().keys().cloned().collect();
-    let chosen = select(task.layout(), spec, &names).unwrap();
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let names: Vec<String> = ckpt.store().entries().keys().cloned().collect();
+    let chosen = select(&ckpt.family().training().unwrap(), spec, &names).unwrap();
     let trainable = Trainable::new(move |n| chosen.contains(n));
-    let vb = Vb::new(store.clone(), DType::F32, Device::Cpu).with_trainable(trainable.clone());
-    let m = TaskModel::load(task, &vb, &dir).unwrap();
+    let vb = Vb::new(ckpt.store().clone(), DType::F32, Device::Cpu).with_trainable(trainable.clone());
+    let m = ckpt.trainee(&vb).unwrap();
     (m, trainable.vars())
 }
 
-fn check(fixture: &str, task: TaskKind, spec: TrainSpec, (h, w): (usize, usize)) {
-    let (m, params) = model(fixture, task, spec);
+fn check(fixture: &str, spec: TrainSpec, (h, w): (usize, usize)) {
+    let (m, params) = model(fixture, spec);
     let walk = m.block_walk().unwrap();
     let first_trained = match spec {
         TrainSpec::Last(n) => walk.block_count() - n,
@@ -41,7 +41,7 @@ fn check(fixture: &str, task: TaskKind, spec: TrainSpec, (h, w): (usize, usize))
     let stores = [KeptInputs::Device(HashMap::new()), KeptInputs::Spill(SpillFile::create(&spill_path).unwrap())];
     for mut kept in stores {
         let mut grads = Grads::new(&params);
-        let l = edgerun::train::checkpointing::checkpointed_step(walk, &x, first_trained, &mut kept, &mut grads, &|p| losses::l1(p, &target)).unwrap();
+        let l = edgerun::train::recompute::checkpointed_step(walk, &x, first_trained, &mut kept, &mut grads, &|p| losses::l1(p, &target)).unwrap();
         assert!((l - want_loss).abs() <= 1e-6 * want_loss, "{fixture}: loss {l} vs {want_loss}");
         // Relative to the largest gradient: the key biases' gradients are zero up to rounding
         // (they cancel in the softmax), so their own scale is noise.
@@ -58,16 +58,16 @@ fn check(fixture: &str, task: TaskKind, spec: TrainSpec, (h, w): (usize, usize))
 
 #[test]
 fn checkpointed_gradients_equal_plain_backward_for_the_last_blocks() {
-    check("da2_metric_p14", TaskKind::Depth, TrainSpec::Last(2), (56, 70));
+    check("da2_metric_p14", TrainSpec::Last(2), (56, 70));
 }
 
 #[test]
 fn checkpointed_gradients_equal_plain_backward_for_everything() {
-    check("da2_metric_p14", TaskKind::Depth, TrainSpec::All, (56, 70));
+    check("da2_metric_p14", TrainSpec::All, (56, 70));
 }
 
 #[test]
 fn checkpointed_chmv2_gradients_equal_plain_backward() {
-    check("chmv2_tiny", TaskKind::Chm, TrainSpec::Last(1), (48, 64));
-    check("chmv2_tiny", TaskKind::Chm, TrainSpec::All, (48, 64));
+    check("chmv2_tiny", TrainSpec::Last(1), (48, 64));
+    check("chmv2_tiny", TrainSpec::All, (48, 64));
 }

@@ -12,7 +12,7 @@ use edgerun::weights::{Vb, WeightStore};
 fn load(name: &str, dtype: DType) -> Chmv2 {
     let dir = fixture(name);
     let store = Arc::new(WeightStore::open(&dir).unwrap_or_else(|e| panic!("open {name}: {e}")));
-    let cfg = store.config().clone();
+    let cfg = edgerun::models::chmv2::Config::from_json(store.config()).unwrap();
     Chmv2::load(&Vb::new(store, dtype, dev()), &cfg).unwrap_or_else(|e| panic!("load {name}: {e}"))
 }
 
@@ -135,7 +135,7 @@ fn reduced_precision_stays_finite() {
         let inputs = tensors(&dir, "input.safetensors");
         let expected = tensors(&dir, "expected.safetensors");
         let store = Arc::new(WeightStore::open(&dir).unwrap());
-        let cfg = store.config().clone();
+        let cfg = edgerun::models::chmv2::Config::from_json(store.config()).unwrap();
         // (Candle's CPU backend has no bf16 matmul/conv, so bf16 is a GPU-only option.)
         for ((label, p), bound) in [
             ("f16", Precision::uniform(DType::F16)),
@@ -158,7 +158,9 @@ mod preprocess {
     use super::common::*;
     use candle_core::Tensor;
     use edgerun::imageio::{load_rgb, ImageLimits};
-    use edgerun::tasks::chm::{centre_pad, resize_back, ChmPreprocess};
+    use edgerun::models::chmv2::processor::centre_pad;
+    use edgerun::models::chmv2::Chmv2Processor as ChmPreprocess;
+    use edgerun::tasks::chm::resize_back;
 
     fn image(name: &str) -> image::RgbImage {
         load_rgb(&fixture("chmv2_preprocess").join(name), &ImageLimits::default()).unwrap()
@@ -226,7 +228,7 @@ fn quantized_gguf_with_the_builtin_recipe_loads_and_runs() {
     let inputs = tensors(&dir, "input.safetensors");
     let expected = tensors(&dir, "expected.safetensors");
     let store = Arc::new(WeightStore::open(&out).unwrap());
-    let cfg = store.config().clone();
+    let cfg = edgerun::models::chmv2::Config::from_json(store.config()).unwrap();
     let m = Chmv2::load(&Vb::new(store, DType::F32, dev()), &cfg).unwrap();
     // Bin logits are the quantity to bound: with random weights most of this tiny model's pixels have
     // near-zero ReLU'd bin mass, where the mixlog normalisation turns tiny logit changes into metres.

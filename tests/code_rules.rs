@@ -76,3 +76,32 @@ fn unsafe_lives_in_the_kernels_and_is_documented() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Every string literal naming one of a family's architectures stands inside that family's folder
+/// under `src/models/` (the registry asks the families; nothing else matches their names).
+#[test]
+fn architecture_names_stay_in_their_family_folder() {
+    let files = src_files();
+    let mut problems = Vec::new();
+    for family in edgerun::models::FAMILIES {
+        let mut folders = std::collections::BTreeSet::new();
+        for arch in family.architectures() {
+            let literal = format!("\"{arch}\"");
+            for (path, text) in &files {
+                // A command named like an architecture (`edgerun lgatr`) is not a match on the name.
+                if text.lines().any(|l| l.contains(&literal) && !l.trim_start().starts_with("//") && !l.contains("#[argh(")) {
+                    match path.strip_prefix("src/models/").and_then(|rest| rest.split_once('/')) {
+                        Some((folder, _)) => {
+                            folders.insert(folder.to_string());
+                        }
+                        None => problems.push(format!("{path}: names architecture {literal} of {} outside its family folder", family.name())),
+                    }
+                }
+            }
+        }
+        if folders.len() > 1 {
+            problems.push(format!("{}: its architecture names stand in several folders: {folders:?}", family.name()));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

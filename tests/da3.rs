@@ -8,7 +8,8 @@ use candle_core::{DType, Tensor};
 use common::*;
 use edgerun::imageio::{load_rgb, ImageLimits};
 use edgerun::models::da3::replace_sky_depth;
-use edgerun::tasks::depth::{Da3Preprocess, DepthEstimator, Preprocess};
+use edgerun::models::da3::Da3Processor;
+use edgerun::tasks::depth::DepthEstimator;
 use edgerun::tensor_io::{read_tensors, write_tensors};
 use edgerun::weights::WeightStore;
 
@@ -121,7 +122,7 @@ fn bad_inputs_are_errors() {
 fn preprocessing_matches_the_package_input_processor() {
     let dir = fixture("da3_preprocess");
     let expected = tensors(&dir, "expected.safetensors");
-    let pre = Da3Preprocess { process_res: 70, ..Default::default() };
+    let pre = Da3Processor { process_res: 70, ..Default::default() };
     for tag in ["up", "down", "exact", "portrait"] {
         let img = load_rgb(&dir.join(format!("image_{tag}.png")), &ImageLimits::default()).unwrap();
         let resized = pre.resize(&img).unwrap();
@@ -143,7 +144,7 @@ fn preprocessing_matches_the_package_input_processor() {
         } else {
             assert_eq!(n_off, 0, "{tag} (area): must be bit-exact, max {max} levels");
         }
-        let pv = Preprocess::Da3(pre).pixel_values(&img, h, w, &dev()).unwrap();
+        let pv = pre.pixel_values(&img, &dev()).unwrap();
         let (err, _) = errors(&pv, &expected[&format!("pixel_values_{tag}")]);
         assert!(err <= 1.0 / 255.0 / 0.224 + 1e-5, "{tag}: pixel_values max error {err}");
     }
@@ -151,7 +152,7 @@ fn preprocessing_matches_the_package_input_processor() {
 
 #[test]
 fn preprocessing_sizes_follow_upper_bound_resize() {
-    let pre = Da3Preprocess::default();
+    let pre = Da3Processor::default();
     // 640x480: longest to 504 -> 504x378 -> 378 = 27*14
     assert_eq!(pre.sizes(480, 640), ((378, 504), (378, 504)));
     // 1080x1920: 283.5 -> 284 (half to even) -> 280
@@ -159,7 +160,7 @@ fn preprocessing_sizes_follow_upper_bound_resize() {
     // square, already 504
     assert_eq!(pre.sizes(504, 504), ((504, 504), (504, 504)));
     // 7 = 14/2: ties go up
-    let small = Da3Preprocess { process_res: 70, ..Default::default() };
+    let small = Da3Processor { process_res: 70, ..Default::default() };
     assert_eq!(small.sizes(21, 70).1, (28, 70));
 }
 
@@ -167,7 +168,7 @@ fn preprocessing_sizes_follow_upper_bound_resize() {
 fn depth_estimator_writes_da3_outputs_at_image_size() {
     let est = DepthEstimator::load(&fixture("da3_anyview"), &dev(), DType::F32)
         .unwrap()
-        .with_preprocess(Preprocess::Da3(Da3Preprocess { process_res: 56, ..Default::default() }));
+        .with_processor(Arc::new(Da3Processor { process_res: 56, ..Default::default() }));
     let img = load_rgb(&fixture("da3_preprocess").join("image_down.png"), &ImageLimits::default()).unwrap();
     // Two other images of the same size, so all share one network input size and one forward pass.
     let flipped = image::imageops::flip_horizontal(&img);
@@ -201,7 +202,7 @@ fn depth_estimator_writes_da3_outputs_at_image_size() {
 
     let mono = DepthEstimator::load(&fixture("da3_mono"), &dev(), DType::F32)
         .unwrap()
-        .with_preprocess(Preprocess::Da3(Da3Preprocess { process_res: 56, ..Default::default() }));
+        .with_processor(Arc::new(Da3Processor { process_res: 56, ..Default::default() }));
     let p = mono.predict_all(&[&img], 1).unwrap();
     assert!(p[0].sky.is_some() && p[0].confidence.is_none());
 }
@@ -260,9 +261,9 @@ fn metric_model_needs_a_focal_and_scales_by_it() {
     cfg["model_type"] = "da3_metric".into();
     std::fs::write(tmp.path().join("config.json"), cfg.to_string()).unwrap();
     let img = load_rgb(&fixture("da3_preprocess").join("image_down.png"), &ImageLimits::default()).unwrap();
-    let da3 = Da3Preprocess { process_res: 70, ..Default::default() };
-    let pre = Preprocess::Da3(da3);
-    let metric = DepthEstimator::load(tmp.path(), &dev(), DType::F32).unwrap().with_preprocess(pre.clone());
+    let da3 = Da3Processor { process_res: 70, ..Default::default() };
+    let pre = Arc::new(da3);
+    let metric = DepthEstimator::load(tmp.path(), &dev(), DType::F32).unwrap().with_processor(pre.clone());
     assert!(metric.predict(&[&img], 1).is_err(), "no focal: error");
     // 100x150 -> 42x70: width scaled by 70/150, height by 42/100 (a non-uniform resize, so a swapped
     // w/h ratio gives another factor). focal' = 900 * (70/150 + 42/100) / 2 = 399 px at the network
@@ -271,7 +272,7 @@ fn metric_model_needs_a_focal_and_scales_by_it() {
     let factor = 900.0 * (70.0 / 150.0 + 42.0 / 100.0) / 2.0 / 300.0;
     assert!((factor - 1.33f32).abs() < 1e-6);
     let d_metric = metric.with_focal(Some(900.0)).unwrap().predict(&[&img], 1).unwrap();
-    let mono = DepthEstimator::load(&src, &dev(), DType::F32).unwrap().with_preprocess(pre);
+    let mono = DepthEstimator::load(&src, &dev(), DType::F32).unwrap().with_processor(pre);
     let d_mono = mono.predict(&[&img], 1).unwrap();
     assert_eq!(d_metric[0].values.len(), 100 * 150);
     assert_eq!(d_metric[0].values.len(), d_mono[0].values.len());

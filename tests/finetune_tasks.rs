@@ -6,11 +6,12 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
-use edgerun::models::chmv2::Chmv2;
-use edgerun::models::segformer::SegformerForSemanticSegmentation;
+use edgerun::models::chmv2::{self, Chmv2};
+use edgerun::models::training::Trainee;
+use edgerun::models::Checkpoint;
+use edgerun::models::segformer::{self, SegformerForSemanticSegmentation};
 use edgerun::tensor_io::read_tensors;
 use edgerun::train::select::{select, TrainSpec};
-use edgerun::train::task::{TaskKind, TaskModel};
 use edgerun::weights::{Trainable, Vb, WeightStore};
 
 fn root() -> PathBuf {
@@ -165,12 +166,12 @@ fn settings_that_do_not_fit_the_task_are_refused() {
 }
 
 /// `fixture` loaded for training (`spec`'s tensors as Vars) as a task model.
-fn training_model(fixture: &str, task: TaskKind, spec: TrainSpec) -> TaskModel {
-    let store = Arc::new(WeightStore::open(root().join(fixture)).unwrap());
-    let names: Vec<String> = store.entries().keys().cloned().collect();
-    let chosen = select(task.layout(), spec, &names).unwrap();
-    let vb = Vb::new(store, DType::F32, Device::Cpu).with_trainable(Trainable::new(move |n| chosen.contains(n)));
-    TaskModel::load(task, &vb, &root().join(fixture)).unwrap()
+fn training_model(fixture: &str, spec: TrainSpec) -> Box<dyn Trainee> {
+    let ckpt = Checkpoint::open(&root().join(fixture)).unwrap();
+    let names: Vec<String> = ckpt.store().entries().keys().cloned().collect();
+    let chosen = select(&ckpt.family().training().unwrap(), spec, &names).unwrap();
+    let vb = Vb::new(ckpt.store().clone(), DType::F32, Device::Cpu).with_trainable(Trainable::new(move |n| chosen.contains(n)));
+    ckpt.trainee(&vb).unwrap()
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
@@ -190,13 +191,13 @@ fn segformer_training_head_matches_transformers() {
     let expected = read_tensors(&dir.join("expected.safetensors"), DType::F32, &Device::Cpu).unwrap();
     let x = &input["pixel_values"];
     for spec in [TrainSpec::Head, TrainSpec::All] {
-        let m = training_model("tests/fixtures/segformer_tiny", TaskKind::Segmentation, spec);
+        let m = training_model("tests/fixtures/segformer_tiny", spec);
         let got = m.decode(&m.features(x).unwrap()).unwrap();
         let (err, scale) = max_abs_diff(&got, &expected["logits"]);
         assert!(err <= 1e-4 * scale, "{spec:?}: max error {err} (scale {scale})");
     }
     let store = Arc::new(WeightStore::open(&dir).unwrap());
-    let inference = SegformerForSemanticSegmentation::load(&Vb::new(store.clone(), DType::F32, Device::Cpu), store.config()).unwrap();
+    let inference = SegformerForSemanticSegmentation::load(&Vb::new(store.clone(), DType::F32, Device::Cpu), &segformer::Config::from_json(store.config()).unwrap()).unwrap();
     let (err, scale) = max_abs_diff(&inference.forward(x).unwrap(), &expected["logits"]);
     assert!(err <= 1e-4 * scale, "inference head: {err}");
 }
@@ -208,9 +209,9 @@ fn chmv2_training_path_equals_inference() {
     let input = read_tensors(&dir.join("input.safetensors"), DType::F32, &Device::Cpu).unwrap();
     let x = input.values().next().unwrap();
     let store = Arc::new(WeightStore::open(&dir).unwrap());
-    let inference = Chmv2::load(&Vb::new(store.clone(), DType::F32, Device::Cpu), store.config()).unwrap();
+    let inference = Chmv2::load(&Vb::new(store.clone(), DType::F32, Device::Cpu), &chmv2::Config::from_json(store.config()).unwrap()).unwrap();
     let want = inference.forward(x).unwrap();
-    let m = training_model("tests/fixtures/chmv2_tiny", TaskKind::Chm, TrainSpec::Last(1));
+    let m = training_model("tests/fixtures/chmv2_tiny", TrainSpec::Last(1));
     let (err, scale) = max_abs_diff(&m.decode(&m.features(x).unwrap()).unwrap(), &want);
     assert!(err <= 1e-5 * scale, "max error {err} (scale {scale})");
 }

@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor, Var};
 use candle_nn::{Conv2d, Conv2dConfig, ConvTranspose2d, ConvTranspose2dConfig, LayerNorm};
-use edgerun::models::chmv2::Chmv2;
-use edgerun::models::depth_anything::DepthAnything;
-use edgerun::models::segformer::SegformerForSemanticSegmentation;
+use edgerun::models::chmv2::{self, Chmv2, Chmv2Family};
+use edgerun::models::depth_anything::{self, DepthAnything};
+use edgerun::models::family::Family;
+use edgerun::models::segformer::{self, SegformerFamily, SegformerForSemanticSegmentation};
+use edgerun::models::training::TrainingLayout;
 use edgerun::train::select::{select, TrainSpec};
-use edgerun::train::task::TaskKind;
 use edgerun::nn::grad;
 use edgerun::weights::{Trainable, Vb, WeightStore};
 
@@ -151,7 +152,7 @@ fn depth_anything_backward_matches_finite_differences() {
     let chosen = |n: &str| !n.starts_with("backbone.") || n.starts_with("backbone.encoder.layer.3.") || n.starts_with("backbone.layernorm.");
     let trainable = Trainable::new(chosen);
     let vb = Vb::new(store.clone(), DType::F64, DEV).with_trainable(trainable.clone());
-    let model = DepthAnything::load(&vb, store.config()).unwrap();
+    let model = DepthAnything::load(&vb, &depth_anything::Config::from_json(store.config()).unwrap()).unwrap();
     let vars = trainable.vars();
     // Every selected tensor the model reads became a Var; transformers stores an unused residual
     // unit for the first fusion layer, which is never loaded.
@@ -166,10 +167,10 @@ fn depth_anything_backward_matches_finite_differences() {
 
 /// Loads `fixture` in f64 with the tensors `spec` selects as Vars; checks that every selected tensor
 /// the model reads became a Var and returns them.
-fn trainable_f64<M>(fixture: &str, task: TaskKind, spec: TrainSpec, load: impl Fn(&Vb, &serde_json::Value) -> M) -> (M, Vec<(String, Var)>) {
+fn trainable_f64<M>(fixture: &str, layout: Option<TrainingLayout>, spec: TrainSpec, load: impl Fn(&Vb, &serde_json::Value) -> M) -> (M, Vec<(String, Var)>) {
     let store = Arc::new(WeightStore::open(fixture).unwrap());
     let names: Vec<String> = store.entries().keys().cloned().collect();
-    let chosen = select(task.layout(), spec, &names).unwrap();
+    let chosen = select(&layout.unwrap(), spec, &names).unwrap();
     let trainable = Trainable::new({
         let chosen = chosen.clone();
         move |n| chosen.contains(n)
@@ -190,8 +191,8 @@ fn trainable_f64<M>(fixture: &str, task: TaskKind, spec: TrainSpec, load: impl F
 /// in f64 at an uneven 36×44 input (stage grids 9×11, 5×6, 3×3, 2×2).
 #[test]
 fn segformer_backward_matches_finite_differences() {
-    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", TaskKind::Segmentation, TrainSpec::Last(3), |vb, c| {
-        SegformerForSemanticSegmentation::load(vb, c).unwrap()
+    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", SegformerFamily::TRAINING, TrainSpec::Last(3), |vb, c| {
+        SegformerForSemanticSegmentation::load(vb, &segformer::Config::from_json(c).unwrap()).unwrap()
     });
     assert!(vars.iter().any(|(n, _)| n == "segformer.encoder.patch_embeddings.3.proj.weight"));
     assert!(vars.iter().any(|(n, _)| n == "decode_head.batch_norm.weight"));
@@ -204,8 +205,8 @@ fn segformer_backward_matches_finite_differences() {
 /// SegFormer with every parameter training, the sequence-reduction convs (stride 8, 4, 2) included.
 #[test]
 fn segformer_backward_reaches_every_parameter() {
-    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", TaskKind::Segmentation, TrainSpec::All, |vb, c| {
-        SegformerForSemanticSegmentation::load(vb, c).unwrap()
+    let (model, vars) = trainable_f64("tests/fixtures/segformer_tiny", SegformerFamily::TRAINING, TrainSpec::All, |vb, c| {
+        SegformerForSemanticSegmentation::load(vb, &segformer::Config::from_json(c).unwrap()).unwrap()
     });
     let x = Tensor::from_vec(values(3 * 36 * 44, 31), (1, 3, 36, 44), &DEV).unwrap();
     let f = || weigh(&model.forward(&x).unwrap());
@@ -223,7 +224,7 @@ fn segformer_backward_reaches_every_parameter() {
 /// mixlog bins → heights stage — in f64 at a 3×4 patch grid.
 #[test]
 fn chmv2_backward_matches_finite_differences() {
-    let (model, vars) = trainable_f64("tests/fixtures/chmv2_tiny", TaskKind::Chm, TrainSpec::Last(1), |vb, c| Chmv2::load(vb, c).unwrap());
+    let (model, vars) = trainable_f64("tests/fixtures/chmv2_tiny", Chmv2Family::TRAINING, TrainSpec::Last(1), |vb, c| Chmv2::load(vb, &chmv2::Config::from_json(c).unwrap()).unwrap());
     assert!(vars.iter().any(|(n, _)| n.starts_with("backbone.layer.1.")) && !vars.iter().any(|(n, _)| n.starts_with("backbone.layer.0.")));
     let x = Tensor::from_vec(values(3 * 48 * 64, 32), (1, 3, 48, 64), &DEV).unwrap();
     let f = || weigh(&model.forward(&x).unwrap());

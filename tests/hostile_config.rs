@@ -128,8 +128,8 @@ fn preprocessor(v: Value) -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn preprocessor_numbers_are_bounded() {
-    use edgerun::tasks::chm::ChmPreprocess;
-    use edgerun::tasks::depth::DepthPreprocess;
+    use edgerun::models::chmv2::Chmv2Processor as ChmPreprocess;
+    use edgerun::models::depth_anything::DptProcessor as DepthPreprocess;
     let depth: &[(Value, &[&str])] = &[
         (json!({"size": {"height": 100002, "width": 518}}), &["size.height", "100002", "8192"]),
         (json!({"size": {"height": 518, "width": 0}}), &["size.width", "= 0"]),
@@ -162,7 +162,7 @@ fn preprocessor_numbers_are_bounded() {
     ];
     for (v, parts) in seg {
         let (dir, _) = preprocessor(v.clone());
-        let msg = edgerun::models::segformer::pipeline::Preprocess::from_model_path(dir.path()).expect_err("accepted").to_string();
+        let msg = edgerun::models::segformer::SegformerProcessor::from_model_path(dir.path()).expect_err("accepted").to_string();
         assert_names(&msg, parts);
         assert_names(&msg, &["preprocessor_config.json"]);
     }
@@ -180,11 +180,11 @@ fn shared_ops_refuse_degenerate_sizes() {
     assert!(bicubic_map(&[0.0; 15], 4, 4, 8, 8).is_err());
     assert!(bicubic_map(&[0.0; 16], 4, 4, 0, 8).is_err());
     let img = image::RgbImage::new(4, 4);
-    let pre = edgerun::preprocess::to_pixel_values(&img, 100_000, 100_000, edgerun::imageio::resample::Filter::Bilinear, [0.0; 3], [1.0; 3], &Device::Cpu);
+    let pre = edgerun::models::processor::to_pixel_values(&img, 100_000, 100_000, edgerun::imageio::resample::Filter::Bilinear, [0.0; 3], [1.0; 3], &Device::Cpu);
     assert!(pre.unwrap_err().to_string().contains("100000"));
-    let seg = edgerun::models::segformer::pipeline::Preprocess { size: Some((100_000, 100_000)), ..Default::default() };
+    let seg = edgerun::models::segformer::SegformerProcessor { size: Some((100_000, 100_000)), ..Default::default() };
     assert!(seg.apply(&img, &Device::Cpu).is_err());
-    let da3 = edgerun::tasks::depth::Da3Preprocess { process_res: 10_000_000, ..Default::default() };
+    let da3 = edgerun::models::da3::Da3Processor { process_res: 10_000_000, ..Default::default() };
     assert!(da3.pixel_values(&img, &Device::Cpu).is_err());
 }
 

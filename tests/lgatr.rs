@@ -35,7 +35,7 @@ fn load_model(name: &str, dtype: DType) -> Box<dyn Model> {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &dev())
     }
     .unwrap();
-    lgatr::load(vb, &config, lgatr::MapStorage::Plain).unwrap()
+    lgatr::load(vb, &lgatr::Config::from_json(&config).unwrap(), lgatr::MapStorage::Plain).unwrap()
 }
 
 fn max_abs(t: &Tensor) -> f64 {
@@ -526,7 +526,7 @@ fn config_errors_are_reported() {
     let vb = candle_nn::VarBuilder::zeros(DType::F32, &dev());
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture("lgatr_tiny/config.json")).unwrap()).unwrap();
-    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::load(vb.clone(), &v, lgatr::MapStorage::Plain) {
+    let expect_config_err = |v: serde_json::Value, what: &str| match lgatr::Config::from_json(&v).and_then(|c| lgatr::load(vb.clone(), &c, lgatr::MapStorage::Plain)) {
         Err(edgerun::error::Error::Config(msg)) => eprintln!("{what}: {msg}"),
         Err(e) => panic!("{what}: wrong error kind {e}"),
         Ok(_) => panic!("{what}: accepted"),

@@ -3,7 +3,7 @@ mod common;
 
 use common::*;
 use edgerun::imageio::{load_rgb, resample::Filter, ImageLimits};
-use edgerun::preprocess::{dpt_output_size, to_pixel_values, IMAGENET_MEAN, IMAGENET_STD};
+use edgerun::models::processor::{dpt_output_size, to_pixel_values, IMAGENET_MEAN, IMAGENET_STD};
 
 /// One 8-bit level after normalisation is 1/255/std ≤ 0.0175.
 const ONE_LEVEL: f32 = 1.0 / 255.0 / 0.224 + 1e-4;

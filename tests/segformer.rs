@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::{DType, Tensor};
-use edgerun::models::segformer::{resize_argmax, DecodeHeadImpl, SegformerForSemanticSegmentation};
+use edgerun::models::segformer::{Config, DecodeHeadImpl, SegformerForSemanticSegmentation};
+use edgerun::tasks::segment::resize_argmax;
 use edgerun::models::NamedTensors;
 use edgerun::kernels::depthwise::DepthwiseImpl;
 use edgerun::tensor_io::read_tensors;
@@ -72,7 +73,7 @@ fn check_case(name: &str, suffixes: &[&str]) {
     assert_eq!(model.input_names(), vec!["pixel_values"]);
     // Directly, for the stage outputs and the grouped-conv path.
     let vb = Vb::new(store.clone(), DType::F32, dev());
-    let mut direct = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
+    let mut direct = SegformerForSemanticSegmentation::load(&vb, &Config::from_json(store.config()).unwrap()).unwrap();
     for sfx in suffixes {
         let x = &input[&format!("pixel_values{sfx}")];
         let want = &expected[&format!("logits{sfx}")];
@@ -116,7 +117,7 @@ fn uneven_non_square_and_odd_sizes_match_transformers() {
 fn batch_items_are_independent() {
     let (store, input, expected) = open("segformer_uneven");
     let vb = Vb::new(store.clone(), DType::F32, dev());
-    let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
+    let m = SegformerForSemanticSegmentation::load(&vb, &Config::from_json(store.config()).unwrap()).unwrap();
     let x1 = input["pixel_values"].narrow(0, 1, 1).unwrap();
     let got = m.forward(&x1).unwrap();
     assert_close("second batch item alone", &got, &expected["logits"].narrow(0, 1, 1).unwrap());
@@ -126,7 +127,7 @@ fn batch_items_are_independent() {
 fn config_and_labels() {
     let (store, _, _) = open("segformer_uneven");
     let vb = Vb::new(store.clone(), DType::F32, dev());
-    let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
+    let m = SegformerForSemanticSegmentation::load(&vb, &Config::from_json(store.config()).unwrap()).unwrap();
     let c = m.config();
     assert_eq!(c.num_labels(), 5);
     assert_eq!(c.labels(), vec!["background", "building", "road", "vegetation", "water"]);
@@ -144,7 +145,7 @@ fn config_and_labels() {
 fn bad_inputs_and_configs_are_errors() {
     let (store, input, _) = open("segformer_tiny");
     let vb = Vb::new(store.clone(), DType::F32, dev());
-    let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
+    let m = SegformerForSemanticSegmentation::load(&vb, &Config::from_json(store.config()).unwrap()).unwrap();
     let x = &input["pixel_values"];
     // Wrong channel count, wrong rank, too small for the sr=8 reduction of stage 0 (needs ≥ 29 px).
     assert!(m.forward(&x.narrow(1, 0, 2).unwrap()).is_err());
@@ -158,17 +159,17 @@ fn bad_inputs_and_configs_are_errors() {
     // Inconsistent config lists, unsupported activation, classification-only layout.
     let mut cfg = store.config().clone();
     cfg["depths"] = serde_json::json!([2, 2]);
-    assert!(matches!(SegformerForSemanticSegmentation::load(&vb, &cfg), Err(edgerun::Error::Config(_))));
+    assert!(matches!(Config::from_json(&cfg).and_then(|c| SegformerForSemanticSegmentation::load(&vb, &c)), Err(edgerun::Error::Config(_))));
     let mut cfg = store.config().clone();
     cfg["hidden_act"] = serde_json::json!("mish");
-    assert!(SegformerForSemanticSegmentation::load(&vb, &cfg).is_err());
+    assert!(Config::from_json(&cfg).and_then(|c| SegformerForSemanticSegmentation::load(&vb, &c)).is_err());
     let mut cfg = store.config().clone();
     cfg["reshape_last_stage"] = serde_json::json!(false);
-    assert!(SegformerForSemanticSegmentation::load(&vb, &cfg).is_err());
+    assert!(Config::from_json(&cfg).and_then(|c| SegformerForSemanticSegmentation::load(&vb, &c)).is_err());
     // Config whose shapes do not match the weights.
     let mut cfg = store.config().clone();
     cfg["hidden_sizes"] = serde_json::json!([8, 16, 32, 64]);
-    assert!(SegformerForSemanticSegmentation::load(&vb, &cfg).is_err());
+    assert!(Config::from_json(&cfg).and_then(|c| SegformerForSemanticSegmentation::load(&vb, &c)).is_err());
 }
 
 #[test]
@@ -178,7 +179,7 @@ fn half_precision_runs_close() {
     {
         let dt = DType::F16;
         let vb = Vb::new(store.clone(), dt, dev());
-        let m = SegformerForSemanticSegmentation::load(&vb, store.config()).unwrap();
+        let m = SegformerForSemanticSegmentation::load(&vb, &Config::from_json(store.config()).unwrap()).unwrap();
         let got = m.forward(&input["pixel_values"]).unwrap();
         assert_eq!(got.dtype(), dt);
         let (gd, g) = vec4(&got);

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Tensor};
 use edgerun::imageio::{load_rgb, ImageLimits};
-use edgerun::models::segformer::{pipeline::MAX_UINT8_CLASSES, resize_argmax, ClassMap, Preprocess, Segmenter};
+use edgerun::models::segformer::SegformerProcessor as Preprocess;
+use edgerun::tasks::segment::{resize_argmax, ClassMap, Segmenter, MAX_UINT8_CLASSES};
 use edgerun::tensor_io::read_tensors;
 
 fn fixture(name: &str) -> PathBuf {

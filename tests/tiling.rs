@@ -10,10 +10,12 @@ use candle_core::{DType, Device};
 use common::fixture;
 use edgerun::geotiff::{read_f32, GeoReference};
 use edgerun::models::chmv2::Precision;
-use edgerun::models::segformer::{ClassMap, Segmenter};
+use edgerun::tasks::segment::{ClassMap, Segmenter};
 use edgerun::tasks::chm::ChmEstimator;
-use edgerun::tasks::depth::{DepthEstimator, DepthPreprocess, Preprocess};
-use edgerun::tiling::models::{ChmTiles, DepthTiles, SegTiles};
+use edgerun::models::depth_anything::DptProcessor;
+use edgerun::models::processor::Size;
+use edgerun::tasks::depth::DepthEstimator;
+use edgerun::tasks::tiles::{ChmTiles, DepthTiles, SegTiles};
 use edgerun::tiling::{run_tiled, tile_file, Combine, MemoryRaster, Output, TileMap, TileModel, TilePlan, TilingOptions};
 use edgerun::Result;
 use image::RgbImage;
@@ -71,8 +73,8 @@ fn one_tile_equals_untiled_chm_depth_and_segmentation() {
     let got = tiled_f32(&img, &ChmTiles { est: &est, batch: 1 }, &opts, dir.path());
     assert_eq!(got, want, "canopy height");
 
-    let pre = DepthPreprocess { size: edgerun::tasks::depth::Size { height: 70, width: 70 }, ..Default::default() };
-    let depth = DepthEstimator::load(&fixture("da2_relative_p14"), &Device::Cpu, DType::F32).unwrap().with_preprocess(Preprocess::Dpt(pre));
+    let pre = DptProcessor { size: Size { height: 70, width: 70 }, ..Default::default() };
+    let depth = DepthEstimator::load(&fixture("da2_relative_p14"), &Device::Cpu, DType::F32).unwrap().with_processor(std::sync::Arc::new(pre));
     let want = depth.predict(&[&img], 1).unwrap().remove(0).values;
     let got = tiled_f32(&img, &DepthTiles { est: &depth, batch: 1 }, &opts, dir.path());
     assert_eq!(got, want, "depth");

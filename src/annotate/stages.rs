@@ -15,11 +15,11 @@ use super::config::{Config, ModelSpec, StageKind};
 use crate::error::{Error, Result};
 use crate::memory::backoff::is_oom_text;
 use crate::memory::{AdaptiveBatch, BatchSetting, MemoryBudget};
-use crate::models::segformer::{ClassMap, Segmenter};
+use crate::tasks::segment::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
 use crate::tasks::depth::DepthEstimator;
-use crate::tiling::models::{depth_default, seg_default, ChmTiles, DepthTiles, SegTiles, CHM_DEFAULT};
+use crate::tasks::tiles::{depth_default, seg_default, ChmTiles, DepthTiles, SegTiles, CHM_DEFAULT};
 use crate::tiling::{Output, TileModel};
 
 /// The class names, palette and PNG metadata of a segmentation model's output.

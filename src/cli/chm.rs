@@ -10,7 +10,7 @@ use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
-use edgerun::tiling::models::{ChmTiles, CHM_DEFAULT};
+use edgerun::tasks::tiles::{ChmTiles, CHM_DEFAULT};
 use edgerun::tiling::Output;
 use image::RgbImage;
 

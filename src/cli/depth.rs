@@ -8,9 +8,9 @@ use edgerun::imageio::npy::write_npy_f32;
 use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
-use edgerun::models::da3::{Da3Kind, SKY_THRESHOLD};
+use edgerun::models::da3::SKY_THRESHOLD;
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
-use edgerun::tiling::models::{depth_default, DepthTiles};
+use edgerun::tasks::tiles::{depth_default, DepthTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
@@ -123,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let est = DepthEstimator::load(&a.model, &device, dtype)
         .and_then(|e| e.with_focal(a.focal))
         .with_context(|| format!("cannot load depth model {}", a.model.display()))?;
-    usage(est.da3_kind() != Some(Da3Kind::Metric) || a.focal.is_some(), || {
+    usage(!est.needs_focal() || a.focal.is_some(), || {
         format!("{} is a DA3Metric model: pass --focal <pixels> (the input images' focal length) to get metric depth", a.model.display())
     })?;
     let default = depth_default(&est);

@@ -51,7 +51,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
     outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(d) => cuda_line(&d), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
     outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
-    outln!("architectures: {}", edgerun::models::ARCHITECTURES.join(", "));
+    outln!("architectures: {}", edgerun::models::architectures().join(", "));
     if let Some(dir) = a.models {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(&dir).map_err(|e| edgerun::Error::io(&dir, e)).context("cannot read --models")?.filter_map(|e| e.ok().map(|e| e.path())).collect();
         entries.sort();

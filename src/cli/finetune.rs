@@ -24,7 +24,7 @@ pub struct Args {
     model: Option<PathBuf>,
     /// task: depth, segmentation or chm (overrides `task`)
     #[argh(option)]
-    task: Option<String>,
+    task: Option<edgerun::tasks::Task>,
     /// data directory with images/ and targets/ (overrides `data`)
     #[argh(option)]
     data: Option<PathBuf>,
@@ -45,7 +45,7 @@ pub struct Args {
     accumulate: Option<usize>,
     /// what trains: head, last:N or all (overrides `train`)
     #[argh(option)]
-    train: Option<String>,
+    train: Option<edgerun::train::select::TrainSpec>,
     /// keep only each trained block's input and recompute blocks in backward (overrides the file)
     #[argh(switch)]
     checkpoint_activations: bool,
@@ -70,14 +70,14 @@ impl Args {
             None => FinetuneConfig::from_toml("model = \"\"\ntask = \"depth\"\ndata = \"\"\nout = \"\"\n", std::path::Path::new("."))?,
         };
         if let Some(v) = &self.model { c.model = v.clone() }
-        if let Some(v) = &self.task { c.task = v.clone() }
+        if let Some(v) = self.task { c.task = v }
         if let Some(v) = &self.data { c.data = v.clone() }
         if let Some(v) = &self.out { c.out = v.clone() }
         if let Some(v) = &self.input_size { c.input_size = parse_size(v)? }
         if let Some(v) = self.epochs { c.epochs = v }
         if let Some(v) = self.batch { c.batch = v }
         if let Some(v) = self.accumulate { c.accumulate = v }
-        if let Some(v) = &self.train { c.train = v.clone() }
+        if let Some(v) = self.train { c.train = v }
         c.checkpoint_activations |= self.checkpoint_activations;
         c.offload |= self.offload;
         c.validate()?;

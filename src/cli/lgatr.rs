@@ -1,14 +1,14 @@
 //! `edgerun lgatr --model M --input events.safetensors --output out.safetensors`: batches of
 //! particle events of different lengths (padded and masked, no cross-talk between events).
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::fsutil::register_input;
 use edgerun::models::lgatr::{forward_events, pack_events, unpack_events};
 use edgerun::tensor_io::{read_tensors, write_tensors};
-use edgerun::weights::WeightStore;
+use edgerun::models::Checkpoint;
+use edgerun::tasks::Task;
 
 use super::common::compute;
 
@@ -39,13 +39,12 @@ pub struct Args {
 /// Runs `lgatr`.
 pub fn run(a: Args) -> anyhow::Result<()> {
     let (device, dtype) = compute(&a.device, &a.dtype)?;
-    let store = Arc::new(WeightStore::open(&a.model).with_context(|| format!("cannot open model {}", a.model.display()))?);
-    let arch = edgerun::models::architecture(&store).unwrap_or_default();
+    let ckpt = Checkpoint::open(&a.model).with_context(|| format!("cannot open model {}", a.model.display()))?;
     anyhow::ensure!(
-        arch == "lgatr" || arch == "lgatr_slim",
-        edgerun::Error::Config(format!("{}: a `{arch}` model, not L-GATr (model_type `lgatr` or `lgatr_slim`)", a.model.display()))
+        ckpt.serves(Task::Events),
+        edgerun::Error::Config(format!("{}: a `{}` model, not L-GATr (model_type `lgatr` or `lgatr_slim`)", a.model.display(), ckpt.architecture()))
     );
-    let model = edgerun::models::load(store, &device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
+    let model = ckpt.load(&device, dtype).with_context(|| format!("cannot load model {}", a.model.display()))?;
     let packed = read_tensors(&a.input, dtype, &device).with_context(|| format!("cannot read {}", a.input.display()))?;
     let events = unpack_events(&packed).with_context(|| format!("bad events in {}", a.input.display()))?;
     let outputs = forward_events(model.as_ref(), &events, a.batch)?;

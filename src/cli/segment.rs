@@ -11,8 +11,8 @@ use argh::FromArgs;
 use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::memory::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
-use edgerun::models::segformer::{ClassMap, Segmenter};
-use edgerun::tiling::models::{seg_default, SegTiles};
+use edgerun::tasks::segment::{ClassMap, Segmenter};
+use edgerun::tasks::tiles::{seg_default, SegTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};

@@ -1,16 +1,30 @@
-//! Model families and the registry that picks one from a checkpoint's architecture name.
+//! Model families and the registry: [`FAMILIES`] lists one [`Descriptor`] per family, each
+//! implemented in the family's own folder ([`family::Family`]); [`Checkpoint`] opens a model,
+//! recognises its family and parses its config once.
 pub mod backbones;
 pub mod chmv2;
 pub mod da3;
 pub mod depth_anything;
+pub mod family;
 pub mod footprint;
+pub mod lgatr;
+pub mod processor;
 pub mod segformer;
+pub mod training;
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use candle_core::Tensor;
+use candle_core::{DType, Device, Tensor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::tasks::Task;
+use crate::weights::{Vb, WeightStore};
+pub use family::{DepthOutputs, Descriptor, Family};
+use family::{AnyConfig, Registered};
+use processor::ImageProcessor;
+use training::Trainee;
 
 /// Tensors by name, as read from or written to a safetensors file.
 pub type NamedTensors = BTreeMap<String, Tensor>;
@@ -28,70 +42,144 @@ pub trait Model: Send + Sync {
 
 /// The input tensor `name`, or an error naming it.
 pub fn required<'a>(inputs: &'a NamedTensors, name: &str) -> Result<&'a Tensor> {
-    inputs.get(name).ok_or_else(|| crate::error::Error::Input(format!("missing input `{name}`")))
+    inputs.get(name).ok_or_else(|| Error::Input(format!("missing input `{name}`")))
 }
 
-/// The architectures `load` knows, as `model_type` strings.
-pub const ARCHITECTURES: &[&str] = &["chmv2", "da3", "da3_metric", "da3_mono", "depth_anything", "lgatr", "lgatr_slim", "segformer", ];
+/// Every model family edgerun knows, one entry each.
+pub static FAMILIES: &[&dyn Descriptor] = &[
+    &Registered::<depth_anything::DepthAnythingFamily>::new(),
+    &Registered::<da3::Da3Family>::new(),
+    &Registered::<segformer::SegformerFamily>::new(),
+    &Registered::<chmv2::Chmv2Family>::new(),
+    &Registered::<lgatr::LgatrFamily>::new(),
+];
 
-/// The architecture of a checkpoint: the config's `model_type`, else the one a known `model_name`
-/// implies (Depth Anything 3 hub configs: `{"model_name": "da3-small"}`), else GGUF
-/// `general.architecture`. The registry, not the weight store, knows the model families.
-pub fn architecture(store: &crate::weights::WeightStore) -> Option<String> {
-    let config = store.config();
-    if let Some(s) = config.get("model_type").and_then(|v| v.as_str()) {
+/// Every architecture name the families recognise, sorted.
+pub fn architectures() -> Vec<&'static str> {
+    let mut all: Vec<&'static str> = FAMILIES.iter().flat_map(|f| f.architectures().iter().copied()).collect();
+    all.sort_unstable();
+    all
+}
+
+/// The family that recognises `arch`.
+pub fn family_of(arch: &str) -> Option<&'static dyn Descriptor> {
+    FAMILIES.iter().copied().find(|f| f.architectures().contains(&arch))
+}
+
+/// The architecture of a checkpoint: the config's `model_type`, else the one a family recognises
+/// from the rest of its config (Depth Anything 3 hub configs: `{"model_name": "da3-small"}`), else
+/// GGUF `general.architecture`.
+pub fn architecture(store: &WeightStore) -> Option<String> {
+    if let Some(s) = store.config().get("model_type").and_then(|v| v.as_str()) {
         return Some(s.to_string());
     }
-    if let Some(a) = config.get("model_name").and_then(|v| v.as_str()).and_then(da3::architecture_for_model_name) {
+    if let Some(a) = FAMILIES.iter().find_map(|f| f.implied_architecture(store.config())) {
         return Some(a.to_string());
     }
     store.architecture()
 }
 
-/// Whether any matrix in `store` is stored as Q8_0 (a file `edgerun quantize` wrote with that type).
-fn holds_q8_0(store: &crate::weights::WeightStore) -> bool {
-    use crate::weights::StoredDType;
-    store.entries().values().any(|e| e.dtype == StoredDType::Ggml(candle_core::quantized::GgmlDType::Q8_0))
+/// A model opened from disk: its weights, its family and its config, parsed once.
+pub struct Checkpoint {
+    store: Arc<WeightStore>,
+    path: PathBuf,
+    arch: &'static str,
+    family: &'static dyn Descriptor,
+    config: AnyConfig,
 }
 
-/// How L-GATr holds its folded maps for the matrices in `store`: rounded to Q8_0 for a file with
-/// Q8_0 matrices, in f16 for one whose matrices are all f16 (norm scales aside, which `edgerun
-/// quantize` keeps in f32), else as computed.
-fn lgatr_maps(store: &crate::weights::WeightStore) -> lgatr::MapStorage {
-    if holds_q8_0(store) {
-        return lgatr::MapStorage::Int8;
+impl Checkpoint {
+    /// Opens the model at `path` (a directory or a `.gguf`), recognises its family and parses its
+    /// config; an unknown architecture or a bad config is an error naming the file.
+    pub fn open(path: &Path) -> Result<Self> {
+        Self::from_store(Arc::new(WeightStore::open(path)?), path)
     }
-    let mut matrices = store.entries().values().filter(|e| e.shape.len() >= 2 && !e.name.contains("norm")).peekable();
-    if matrices.peek().is_some() && matrices.all(|e| e.dtype.plain() == Some(candle_core::DType::F16)) {
-        lgatr::MapStorage::Half
-    } else {
-        lgatr::MapStorage::Plain
+
+    /// As [`Checkpoint::open`], from a store already open (`path` is where it was opened from).
+    pub fn from_store(store: Arc<WeightStore>, path: &Path) -> Result<Self> {
+        let arch = architecture(&store).ok_or_else(|| {
+            Error::bad_file(store.root(), "no architecture: config.json has no `model_type` (and no GGUF general.architecture)")
+        })?;
+        let family = family_of(&arch).ok_or_else(|| {
+            crate::config_check::in_file(
+                store.config_origin(),
+                Error::Config(format!("unknown architecture `{arch}` (supported: {})", architectures().join(", "))),
+            )
+        })?;
+        let arch = family.architectures().iter().copied().find(|a| *a == arch).unwrap_or(family.name());
+        let config = family.parse_config(arch, store.config()).map_err(|e| crate::config_check::in_file(store.config_origin(), e))?;
+        Ok(Checkpoint { store, path: path.to_path_buf(), arch, family, config })
+    }
+
+    /// The weights.
+    pub fn store(&self) -> &Arc<WeightStore> {
+        &self.store
+    }
+
+    /// Where it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its architecture name.
+    pub fn architecture(&self) -> &'static str {
+        self.arch
+    }
+
+    /// Its family.
+    pub fn family(&self) -> &'static dyn Descriptor {
+        self.family
+    }
+
+    /// Its typed config, when it is a `T` (the config type of the family that asks).
+    pub fn config<T: 'static>(&self) -> Option<&T> {
+        self.config.downcast_ref::<T>()
+    }
+
+    /// Whether its family serves `task`.
+    pub fn serves(&self, task: Task) -> bool {
+        self.family.tasks().contains(&task)
+    }
+
+    /// The raw model on `device`, computing in `dtype`.
+    pub fn load(&self, device: &Device, dtype: DType) -> Result<Box<dyn Model>> {
+        let vb = Vb::new(self.store.clone(), dtype, device.clone());
+        self.built(|| self.family.load(&vb, &self.config))
+    }
+
+    /// Runs `build` (which reads tensors) and names the checkpoint in its errors: a Candle error
+    /// there means the weights and the config disagree — bad input, not a compute failure.
+    pub fn built<T>(&self, build: impl FnOnce() -> Result<T>) -> Result<T> {
+        build().map_err(|e| match e {
+            Error::Candle(c) => Error::bad_file(self.store.root(), format!("the weights do not match the config: {}", Error::candle_message(&c))),
+            other => crate::config_check::in_file(self.store.config_origin(), other),
+        })
+    }
+
+    /// Its per-item activation estimate for a model computing in `dtype` (`None` for a family
+    /// whose items are not images).
+    pub fn footprint(&self, dtype: DType) -> Option<footprint::Footprint> {
+        Some(footprint::Footprint::new(self.family.footprint(&self.config)?, dtype))
+    }
+
+    /// Its image processor (`None` for a family whose inputs are not images).
+    pub fn processor(&self) -> Result<Option<Arc<dyn ImageProcessor>>> {
+        self.family.processor(&self.config, &self.path)
+    }
+
+    /// Its depth outputs, when it is a depth model.
+    pub fn depth_outputs(&self) -> Option<DepthOutputs> {
+        self.family.depth_outputs(&self.config)
+    }
+
+    /// The model as fine-tuning drives it, its trainable weights chosen in `vb`.
+    pub fn trainee(&self, vb: &Vb) -> Result<Box<dyn Trainee>> {
+        self.built(|| self.family.trainee(vb, &self.config))
     }
 }
 
 /// Loads the model stored in `store`, picking the family from its architecture name.
-pub fn load(store: std::sync::Arc<crate::weights::WeightStore>, device: &candle_core::Device, dtype: candle_core::DType) -> Result<Box<dyn Model>> {
-    use crate::error::Error;
-    let arch = architecture(&store).ok_or_else(|| {
-        Error::bad_file(store.root(), "no architecture: config.json has no `model_type` (and no GGUF general.architecture)")
-    })?;
-    let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
-    let config = store.config().clone();
-    let build = || -> Result<Box<dyn Model>> {
-        Ok(match arch.as_str() {
-            "lgatr" | "lgatr_slim" => lgatr::load(vb.candle(), &config, lgatr_maps(&store))?,
-            "chmv2" => Box::new(chmv2::Chmv2::load(&vb, &config)?),
-            "da3" | "da3_mono" | "da3_metric" | "da3_nested" => Box::new(da3::Da3::load(&vb, &config)?),
-            "depth_anything" => Box::new(depth_anything::DepthAnything::load(&vb, &config)?),
-            "segformer" => Box::new(segformer::SegformerForSemanticSegmentation::load(&vb, &config)?),
-            other => return Err(Error::Config(format!("unknown architecture `{other}` (supported: {})", ARCHITECTURES.join(", ")))),
-        })
-    };
-    // Building a model only reads tensors: a Candle error here (a shape the config did not lead to
-    // expect) means the weights and the config disagree — bad input, not a compute failure.
-    build().map_err(|e| match e {
-        Error::Candle(c) => Error::bad_file(store.root(), format!("the weights do not match the config: {}", Error::candle_message(&c))),
-        other => crate::config_check::in_file(store.config_origin(), other),
-    })
+pub fn load(store: Arc<WeightStore>, device: &Device, dtype: DType) -> Result<Box<dyn Model>> {
+    let root = store.root().to_path_buf();
+    Checkpoint::from_store(store, &root)?.load(device, dtype)
 }
-pub mod lgatr;

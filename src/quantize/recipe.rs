@@ -76,20 +76,10 @@ fn any_match(patterns: &[String], name: &str) -> bool {
     patterns.iter().any(|p| glob_match(p, name))
 }
 
-/// The recipes in `quantize/`, built into the binary: (architecture, TOML text).
-const BUILTIN: &[(&str, &str)] = &[
-    ("depth_anything", include_str!("../../quantize/depth_anything.toml")),
-    ("segformer", include_str!("../../quantize/segformer.toml")),
-    ("chmv2", include_str!("../../quantize/chmv2.toml")),
-    ("da3", include_str!("../../quantize/da3.toml")),
-    ("da3_mono", include_str!("../../quantize/da3.toml")),
-    ("da3_metric", include_str!("../../quantize/da3.toml")),
-];
-
 impl Recipe {
-    /// The built-in recipe for `arch`, if one ships with edgerun.
+    /// The built-in recipe of `arch`'s family (`quantize/<family>.toml`), if edgerun knows `arch`.
     pub fn builtin(arch: &str) -> Result<Option<Self>> {
-        let Some((_, text)) = BUILTIN.iter().find(|(a, _)| *a == arch) else { return Ok(None) };
+        let Some(text) = crate::models::family_of(arch).map(|f| f.recipe()) else { return Ok(None) };
         let mut r: Recipe = toml::from_str(text).map_err(|e| Error::Config(format!("built-in recipe for {arch}: {e}")))?;
         // one file may serve a family of architectures (DA3): it applies to the one it is registered for
         r.arch = arch.to_string();

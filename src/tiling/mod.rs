@@ -6,7 +6,6 @@ pub mod align;
 pub mod auto;
 pub mod blend;
 pub mod map;
-pub mod models;
 pub mod plan;
 pub mod run;
 pub mod window_io;

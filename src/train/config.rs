@@ -3,9 +3,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::objective::{loss_names, trainable_task_names, trainable_tasks};
 use super::select::TrainSpec;
-use super::task::TaskKind;
 use crate::error::{Error, Result};
+use crate::tasks::Task;
 
 /// Largest side of a training input.
 pub const MAX_TRAIN_SIDE: usize = 4096;
@@ -21,7 +22,7 @@ pub struct FinetuneConfig {
     /// Model directory (config.json + model.safetensors) or GGUF file.
     pub model: PathBuf,
     /// `depth` (Depth Anything V1/V2), `segmentation` (SegFormer) or `chm` (CHMv2).
-    pub task: String,
+    pub task: Task,
     /// Data directory: `images/<name>.{png,jpg,jpeg,tif,tiff}` and `targets/<name>.npy` (depth,
     /// chm) or `targets/<name>.png` (segmentation: 8-bit class ids).
     pub data: PathBuf,
@@ -41,7 +42,7 @@ pub struct FinetuneConfig {
     pub accumulate: usize,
     /// `head`, `last:N` or `all`.
     #[serde(default = "head")]
-    pub train: String,
+    pub train: TrainSpec,
     /// Loss: `ssi` (default for relative depth), `silog` (default for metric depth and chm), `l1`;
     /// `cross_entropy` (default for segmentation), `focal`.
     #[serde(default)]
@@ -110,7 +111,7 @@ pub struct FinetuneConfig {
 fn default_input_size() -> [usize; 2] { [518, 518] }
 fn one() -> usize { 1 }
 fn two() -> usize { 2 }
-fn head() -> String { "head".into() }
+fn head() -> TrainSpec { TrainSpec::Head }
 fn max_lr() -> f64 { 1e-4 }
 fn focal_gamma() -> f64 { 2.0 }
 fn pct_start() -> f64 { 0.3 }
@@ -149,15 +150,12 @@ impl FinetuneConfig {
         })
     }
 
-    /// The parsed `train` setting.
-    pub fn train_spec(&self) -> Result<TrainSpec> {
-        TrainSpec::parse(&self.train)
-    }
-
     /// Checks every setting; names the first that is out of range.
     pub fn validate(&self) -> Result<()> {
         let bad = |k: &str, msg: String| Err(Error::Config(format!("{k}: {msg}")));
-        let task = TaskKind::parse(&self.task)?;
+        if !trainable_tasks().contains(&self.task) {
+            return bad("task", format!("`{}` does not fine-tune (expected {})", self.task.name(), trainable_task_names()));
+        }
         for (k, p) in [("model", &self.model), ("data", &self.data), ("out", &self.out)] {
             if p.as_os_str().is_empty() {
                 return bad(k, "is required".into());
@@ -172,10 +170,10 @@ impl FinetuneConfig {
                 return bad(k, format!("{v} is outside 1..={max}"));
             }
         }
-        self.train_spec()?;
         if let Some(l) = &self.loss {
-            if !task.losses().contains(&l.as_str()) {
-                return bad("loss", format!("`{l}` does not fit task `{}` (expected {})", self.task, task.losses().join(", ")));
+            let names = loss_names(self.task);
+            if !names.contains(&l.as_str()) {
+                return bad("loss", format!("`{l}` does not fit task `{}` (expected {})", self.task.name(), names.join(", ")));
             }
         }
         let finite_in = |k: &str, v: f64, lo: f64, hi: f64, lo_open: bool| -> Result<()> {

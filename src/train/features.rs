@@ -2,7 +2,7 @@
 //! augmentation in front of the backbone, its output for an image never changes.
 use std::collections::HashMap;
 
-use super::task::Features;
+use crate::models::training::Features;
 
 /// Features by (validation?, index), up to a byte budget; beyond it features are recomputed.
 pub struct FeatureCache {

@@ -9,8 +9,8 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::adamw::{AdamW, AdamWConfig};
-use super::checkpoint::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
-use super::checkpointing::{checkpointed_step, KeptInputs, SpillFile};
+use super::outputs::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
+use super::recompute::{checkpointed_step, KeptInputs, SpillFile};
 use super::config::FinetuneConfig;
 use super::data::{load_pixels, load_target, Augment, Dataset, Pair, SampleSpec};
 use super::ema::{Ema, EmaConfig};
@@ -19,8 +19,11 @@ use super::grads::Grads;
 use super::rng::SplitMix;
 use super::schedule::{OneCycle, OneCycleConfig};
 use super::select::{select, TrainSpec};
-use super::task::{sample_spec, ClassOverlap, Features, Loss, TaskKind, TaskModel};
+use super::objective::{target_kind, trained_checkpoints, ClassOverlap, Loss};
 use crate::error::{Error, Result};
+use crate::models::processor::processor_file;
+use crate::models::training::{Features, Prediction, Trainee};
+use crate::models::Checkpoint;
 use crate::weights::{Trainable, Vb, WeightStore};
 
 /// What the model reads: cached backbone features (head only) or pixels.
@@ -49,7 +52,7 @@ struct Job {
     cfg: FinetuneConfig,
     spec: TrainSpec,
     store: Arc<WeightStore>,
-    model: TaskModel,
+    model: Box<dyn Trainee>,
     params: Vec<(String, Var)>,
     data: Dataset,
     sample: SampleSpec,
@@ -69,33 +72,40 @@ pub fn finetune(cfg: &FinetuneConfig, device: &Device, note: &mut dyn FnMut(&str
 
 impl Job {
     fn load(cfg: &FinetuneConfig, device: &Device) -> Result<Self> {
-        let task = TaskKind::parse(&cfg.task)?;
-        let store = Arc::new(WeightStore::open(&cfg.model)?);
-        let spec = cfg.train_spec()?;
+        let task = cfg.task;
+        let ckpt = Checkpoint::open(&cfg.model)?;
+        let layout = ckpt.family().training().filter(|_| ckpt.serves(task)).ok_or_else(|| {
+            Error::bad_file(&cfg.model, format!("task `{}` fine-tunes {}; this is `{}`", task.name(), trained_checkpoints(task), ckpt.architecture()))
+        })?;
+        let store = ckpt.store().clone();
+        let spec = cfg.train;
         let names: Vec<String> = store.entries().keys().cloned().collect();
-        let chosen = select(task.layout(), spec, &names)?;
+        let chosen = select(&layout, spec, &names)?;
         let trainable = Trainable::new(move |n| chosen.contains(n));
         let vb = Vb::new(store.clone(), DType::F32, device.clone()).with_trainable(trainable.clone());
-        let model = TaskModel::load(task, &vb, &cfg.model)?;
+        let model = ckpt.trainee(&vb)?;
         let params = trainable.vars();
         if params.is_empty() {
             return Err(Error::Config(format!("train = `{}` trains no parameter that the model uses", spec.name())));
         }
         if (cfg.checkpoint_activations || cfg.offload) && model.block_walk().is_none() && spec != TrainSpec::Head {
-            return Err(Error::Config(format!("checkpoint_activations / offload: supported for the ViT backbones of tasks `depth` and `chm`; not yet for `{}`", cfg.task)));
+            return Err(Error::Config(format!("checkpoint_activations / offload: supported for the ViT backbones of tasks `depth` and `chm`; not yet for `{}`", task.name())));
         }
         let p = model.input_multiple();
         let [h, w] = cfg.input_size;
         if h % p != 0 || w % p != 0 {
             return Err(Error::Config(format!("input_size [{h}, {w}]: each side must be a multiple of the patch size {p}")));
         }
-        let data = Dataset::open(&cfg.data, cfg.val_fraction, task.target_kind())?;
+        let data = Dataset::open(&cfg.data, cfg.val_fraction, target_kind(task))?;
         if data.train.is_empty() {
             return Err(Error::bad_file(&cfg.data, "no training images left after the validation split"));
         }
-        let loss = model.loss(cfg.loss.as_deref(), cfg.ignore_index, cfg.focal_gamma);
+        let loss = Loss::choose(cfg.loss.as_deref(), model.prediction(), cfg.ignore_index, cfg.focal_gamma);
         let cache_bytes = if spec == TrainSpec::Head && !cfg.augment { cfg.feature_cache_mib << 20 } else { 0 };
-        let sample = sample_spec(task, &cfg.model, (h, w))?;
+        let processor = ckpt.processor()?.ok_or_else(|| Error::Config(format!("`{}` takes no images", ckpt.architecture())))?;
+        let n = processor.normalization()?;
+        let sample = SampleSpec { size: (h, w), mean: n.mean, std: n.std, filter: n.filter, target: target_kind(task) };
+        drop(ckpt);
         let extra_files = preprocessor_file(&cfg.model)?.map(|b| vec![("preprocessor_config.json", b)]).unwrap_or_default();
         Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files })
     }
@@ -148,7 +158,7 @@ impl Job {
 
     /// A class map may only hold the model's classes and the ignore index.
     fn check_classes(&self, pair: &Pair, target: &Tensor) -> Result<()> {
-        let (Some(classes), Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. }) = (self.model.classes(), self.loss) else {
+        let (Prediction::Classes { classes, .. }, Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. }) = (self.model.prediction(), self.loss) else {
             return Ok(());
         };
         let values = target.flatten_all()?.to_vec1::<f32>()?;
@@ -385,13 +395,9 @@ impl Job {
     }
 }
 
-/// `preprocessor_config.json` beside the model (inside a model directory, or beside a single file).
+/// `preprocessor_config.json` beside the model, copied into the outputs.
 fn preprocessor_file(model: &Path) -> Result<Option<Vec<u8>>> {
-    let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
-    if !p.is_file() {
-        return Ok(None);
-    }
-    crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT).map(Some)
+    processor_file(model).map(|p| crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT)).transpose()
 }
 
 fn names(pairs: &[Pair], idx: &[(bool, usize)]) -> String {

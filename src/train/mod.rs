@@ -1,8 +1,6 @@
 //! On-device fine-tuning: optimiser, schedule, EMA, losses, data, checkpoints and the loop, built on
 //! the inference model structs (trainable weights are `Var`s inside them).
 pub mod adamw;
-pub mod checkpointing;
-pub mod checkpoint;
 pub mod config;
 pub mod data;
 pub mod ema;
@@ -10,7 +8,9 @@ pub mod features;
 pub mod finetune;
 pub mod grads;
 pub mod losses;
+pub mod objective;
+pub mod outputs;
+pub mod recompute;
 pub mod rng;
 pub mod schedule;
 pub mod select;
-pub mod task;

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 
 use crate::error::{Error, Result};
+use crate::models::training::{Position, Slot, TrainingLayout};
 
 /// The `train` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,76 +46,24 @@ impl TrainSpec {
     }
 }
 
-/// Where a backbone tensor sits in the forward order of its stage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Slot {
-    /// The stage's embedding (patch embedding, position embedding, tokens).
-    Embed,
-    /// Block `j` of the stage.
-    Block(usize),
-    /// The stage's final norm.
-    Norm,
-}
-
-/// A backbone tensor's place: (stage, slot), ordered as the forward pass runs.
-pub type Position = (usize, Slot);
-
-/// How a family names its backbone: the prefix of every backbone tensor and where each one sits.
-#[derive(Debug, Clone, Copy)]
-pub struct BackboneLayout {
-    /// Prefix of every backbone tensor (`backbone.`).
-    pub prefix: &'static str,
-    /// The position of a backbone tensor (None: not part of the forward order, e.g. unused tokens).
-    pub position: fn(&str) -> Option<Position>,
-}
-
-/// The number after `prefix` in `name` (`backbone.layer.` + `3.mlp…` → 3).
-fn number_after(name: &str, prefix: &str) -> Option<usize> {
-    name.strip_prefix(prefix)?.split('.').next()?.parse().ok()
-}
-
-/// Two numbers after `prefix` (`block.` + `2.1.attn…` → (2, 1)).
-fn two_numbers_after(name: &str, prefix: &str) -> Option<(usize, usize)> {
-    let mut it = name.strip_prefix(prefix)?.split('.');
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-}
-
-/// A single-stage ViT: embeddings, numbered blocks, a final norm.
-fn vit_position(name: &str, embed: &str, blocks: &str, norm: &str) -> Option<Position> {
-    if name.starts_with(embed) {
-        Some((0, Slot::Embed))
-    } else if let Some(i) = number_after(name, blocks) {
-        Some((0, Slot::Block(i)))
-    } else if name.starts_with(norm) {
-        Some((0, Slot::Norm))
-    } else {
-        None
+impl std::str::FromStr for TrainSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        TrainSpec::parse(s).map_err(|e| e.to_string().trim_start_matches("config: ").to_string())
     }
 }
 
-/// Depth Anything V1/V2 (transformers names, DINOv2 backbone).
-pub const DEPTH_ANYTHING: BackboneLayout = BackboneLayout {
-    prefix: "backbone.",
-    position: |n| vit_position(n, "backbone.embeddings.", "backbone.encoder.layer.", "backbone.layernorm."),
-};
+impl<'de> serde::Deserialize<'de> for TrainSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
 
-/// CHMv2 (transformers names, DINOv3 backbone).
-pub const CHMV2: BackboneLayout =
-    BackboneLayout { prefix: "backbone.", position: |n| vit_position(n, "backbone.embeddings.", "backbone.layer.", "backbone.norm.") };
-
-/// SegFormer (transformers names): four stages of patch embedding, blocks and norm.
-pub const SEGFORMER: BackboneLayout = BackboneLayout {
-    prefix: "segformer.",
-    position: |n| {
-        if let Some(s) = number_after(n, "segformer.encoder.patch_embeddings.") {
-            Some((s, Slot::Embed))
-        } else if let Some((s, j)) = two_numbers_after(n, "segformer.encoder.block.") {
-            Some((s, Slot::Block(j)))
-        } else {
-            number_after(n, "segformer.encoder.layer_norm.").map(|s| (s, Slot::Norm))
-        }
-    },
-};
+impl serde::Serialize for TrainSpec {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
 
 /// Buffers that never train (BatchNorm statistics).
 fn is_buffer(name: &str) -> bool {
@@ -122,7 +71,7 @@ fn is_buffer(name: &str) -> bool {
 }
 
 /// The backbone blocks of a checkpoint, in forward order.
-pub fn blocks(layout: &BackboneLayout, names: &[String]) -> Vec<Position> {
+pub fn blocks(layout: &TrainingLayout, names: &[String]) -> Vec<Position> {
     let set: BTreeSet<Position> =
         names.iter().filter_map(|n| (layout.position)(n)).filter(|(_, s)| matches!(s, Slot::Block(_))).collect();
     set.into_iter().collect()
@@ -131,7 +80,7 @@ pub fn blocks(layout: &BackboneLayout, names: &[String]) -> Vec<Position> {
 /// The set of tensor names `spec` trains among `names` (a checkpoint's tensors): the head always;
 /// for `last:N` the last N backbone blocks and everything after them in the forward order (later
 /// stages' embeddings, the norms); for `all` everything. BatchNorm statistics never train.
-pub fn select(layout: &BackboneLayout, spec: TrainSpec, names: &[String]) -> Result<BTreeSet<String>> {
+pub fn select(layout: &TrainingLayout, spec: TrainSpec, names: &[String]) -> Result<BTreeSet<String>> {
     let blocks = blocks(layout, names);
     let first_trained: Option<Position> = match spec {
         TrainSpec::Head => None,
@@ -160,6 +109,12 @@ pub fn select(layout: &BackboneLayout, spec: TrainSpec, names: &[String]) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::depth_anything::DepthAnythingFamily;
+    use crate::models::family::Family;
+    use crate::models::segformer::SegformerFamily;
+
+    const DEPTH_ANYTHING: TrainingLayout = DepthAnythingFamily::TRAINING.unwrap();
+    const SEGFORMER: TrainingLayout = SegformerFamily::TRAINING.unwrap();
 
     fn names() -> Vec<String> {
         ["backbone.embeddings.cls_token", "backbone.encoder.layer.0.norm1.weight", "backbone.encoder.layer.1.norm1.weight", "backbone.encoder.layer.10.mlp.fc1.weight", "backbone.layernorm.weight", "neck.convs.0.weight", "head.conv1.weight"]

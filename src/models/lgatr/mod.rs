@@ -18,6 +18,7 @@ pub mod block;
 pub mod config;
 pub mod equi_linear;
 pub mod events;
+mod family;
 mod kernels;
 pub mod mlp;
 pub mod net;
@@ -29,6 +30,7 @@ use candle_nn::VarBuilder;
 
 pub use config::{AttentionConfig, LgatrConfig, MlpConfig, Nonlinearity, PrimitivesConfig, SlimConfig};
 pub use events::{forward_events, pack_events, unpack_events};
+pub use family::LgatrFamily;
 pub use net::Lgatr;
 pub use slim::LgatrSlim;
 
@@ -36,17 +38,32 @@ use crate::error::{Error, Result};
 use crate::models::Model;
 pub use equi_linear::MapStorage;
 
-/// Builds an `LGATr` or `LGATrSlim` from its state dict (`vb`, keys as lgatr writes them) and
-/// `config.json` (dispatching on `model_type`); `maps`: how `LGATr` holds its folded maps (see
-/// [`LgatrConfig::hold_maps`]).
-pub fn load(vb: VarBuilder, config: &serde_json::Value, maps: MapStorage) -> Result<Box<dyn Model>> {
-    match config.get("model_type").and_then(|v| v.as_str()) {
-        Some("lgatr") => {
-            let cfg = LgatrConfig { hold_maps: maps, ..LgatrConfig::from_json(config)? };
-            Ok(Box::new(Lgatr::load(vb, cfg)?))
+/// A parsed L-GATr config: the full model or the vector/scalar variant.
+#[derive(Debug, Clone)]
+pub enum Config {
+    /// `LGATr`.
+    Full(LgatrConfig),
+    /// `LGATrSlim`.
+    Slim(SlimConfig),
+}
+
+impl Config {
+    /// Parses and checks `config.json` (dispatching on `model_type`).
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        match config.get("model_type").and_then(|v| v.as_str()) {
+            Some("lgatr") => Ok(Config::Full(LgatrConfig::from_json(config)?)),
+            Some("lgatr_slim") => Ok(Config::Slim(SlimConfig::from_json(config)?)),
+            Some(other) => Err(Error::Config(format!("model_type `{other}` is not an lgatr model (lgatr | lgatr_slim)"))),
+            None => Err(Error::Config("config.json lacks a string `model_type` (lgatr | lgatr_slim)".into())),
         }
-        Some("lgatr_slim") => Ok(Box::new(LgatrSlim::load(vb, SlimConfig::from_json(config)?)?)),
-        Some(other) => Err(Error::Config(format!("model_type `{other}` is not an lgatr model (lgatr | lgatr_slim)"))),
-        None => Err(Error::Config("config.json lacks a string `model_type` (lgatr | lgatr_slim)".into())),
+    }
+}
+
+/// Builds an `LGATr` or `LGATrSlim` from its state dict (`vb`, keys as lgatr writes them) and its
+/// config; `maps`: how `LGATr` holds its folded maps (see [`LgatrConfig::hold_maps`]).
+pub fn load(vb: VarBuilder, config: &Config, maps: MapStorage) -> Result<Box<dyn Model>> {
+    match config {
+        Config::Full(c) => Ok(Box::new(Lgatr::load(vb, LgatrConfig { hold_maps: maps, ..c.clone() })?)),
+        Config::Slim(c) => Ok(Box::new(LgatrSlim::load(vb, c.clone())?)),
     }
 }

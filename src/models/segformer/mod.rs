@@ -29,7 +29,12 @@ use crate::nn::layers::{conv2d, layer_norm};
 use crate::nn::Linear;
 use crate::weights::{StoredDType, Vb};
 
-pub mod pipeline;
+mod family;
+pub mod processor;
+mod training;
+
+pub use family::SegformerFamily;
+pub use processor::SegformerProcessor;
 
 use crate::kernels::folded_decode::{ClassifierWeight, FoldedDecode};
 
@@ -41,7 +46,6 @@ struct FoldedHead {
     decode: FoldedDecode,
 }
 
-pub use pipeline::{argmax_classes, resize_argmax, ClassMap, Preprocess, Segmenter};
 
 /// LayerNorm eps of every SegFormer LayerNorm (the config's `layer_norm_eps` is not used by the reference).
 pub const LAYER_NORM_EPS: f64 = 1e-5;
@@ -648,9 +652,8 @@ pub struct SegformerForSemanticSegmentation {
 
 impl SegformerForSemanticSegmentation {
     /// Loads from the root of a checkpoint (`segformer.*`, `decode_head.*`) with its `config.json` value.
-    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
-        let cfg = Config::from_json(config)?;
-        Self::load_with_config(vb, cfg)
+    pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
+        Self::load_with_config(vb, config.clone())
     }
 
     /// Loads with an already parsed config.

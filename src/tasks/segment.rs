@@ -1,10 +1,7 @@
-//! SegFormer pre- and post-processing as `SegformerImageProcessor` (transformers 5.24.0) does it, plus
-//! the class remapping used by `edgerun segment`.
-//!
-//! Pre: resize to the configured size (no aspect keep; Pillow-exact antialiased BILINEAR on the 8-bit
-//! image, `crate::imageio::resample`), rescale 1/255, normalise with the ImageNet mean/std.
-//! Post: logits resized back to the image size with bilinear `align_corners=False`, argmax over classes
-//! (fused, see [`resize_argmax`]); optional remapping of checkpoint labels onto a project scheme.
+//! Semantic segmentation on images: SegFormer's image processor, batched forward, then the logits
+//! resized back to the image size with bilinear `align_corners=False` and the argmax over classes
+//! (fused, see [`resize_argmax`]), as `SegformerImageProcessor` (transformers 5.24.0) does it; and
+//! the optional remapping of checkpoint labels onto a project scheme ([`ClassMap`]).
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -13,158 +10,17 @@ use image::RgbImage;
 use rayon::prelude::*;
 use serde::Deserialize;
 
+use super::Task;
 use crate::error::{Error, Result};
-use crate::imageio::resample::{resize, Filter};
 use crate::kernels::bilinear_cpu::axis_taps;
-
-pub use crate::preprocess::{IMAGENET_MEAN, IMAGENET_STD};
+use crate::models::footprint::Footprint;
+use crate::models::segformer::{Config, SegformerForSemanticSegmentation, SegformerProcessor};
+use crate::models::Checkpoint;
+use crate::weights::Vb;
 
 /// The largest class count a uint8 mask may carry: ids 0..=254, 255 is the ignore / no-data value
 /// (`semantic_loss_ignore_index`).
 pub const MAX_UINT8_CLASSES: usize = 255;
-
-/// Image preprocessing (`SegformerImageProcessor` settings).
-#[derive(Debug, Clone)]
-pub struct Preprocess {
-    /// Target `(height, width)`; `None`: keep the image size (`do_resize = false`).
-    pub size: Option<(usize, usize)>,
-    /// Resampling filter (`resample`: 2 = PIL BILINEAR, 3 = PIL BICUBIC), Pillow-exact.
-    pub filter: Filter,
-    /// Rescale factor (`1/255`), `None` when `do_rescale = false`.
-    pub rescale: Option<f32>,
-    /// Per-channel mean and std, `None` when `do_normalize = false`.
-    pub normalize: Option<([f32; 3], [f32; 3])>,
-}
-
-impl Default for Preprocess {
-    fn default() -> Self {
-        Preprocess {
-            size: Some((512, 512)),
-            filter: Filter::Bilinear,
-            rescale: Some(1.0 / 255.0),
-            normalize: Some((IMAGENET_MEAN, IMAGENET_STD)),
-        }
-    }
-}
-
-impl Preprocess {
-    /// Reads `preprocessor_config.json` next to the model (inside a model directory, or beside a
-    /// single weight file); the processor defaults (512×512, bilinear, ImageNet) when there is none.
-    pub fn from_model_path(model: &Path) -> Result<Self> {
-        let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
-        if !p.exists() {
-            return Ok(Self::default());
-        }
-        let text = crate::fsutil::read_input_text(&p, crate::fsutil::MAX_TEXT_INPUT)?;
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::bad_file(&p, format!("invalid JSON: {e}")))?;
-        Self::from_json(&v).map_err(|e| Error::bad_file(&p, e.to_string()))
-    }
-
-    /// From a parsed `preprocessor_config.json` (missing fields take the processor defaults).
-    pub fn from_json(v: &serde_json::Value) -> Result<Self> {
-        let bad = |m: String| Error::Config(format!("preprocessor_config: {m}"));
-        let flag = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(true);
-        let d = Self::default();
-        let size = if !flag("do_resize") {
-            None
-        } else {
-            match v.get("size") {
-                None | Some(serde_json::Value::Null) => d.size,
-                Some(serde_json::Value::Number(n)) => {
-                    let n = n.as_u64().filter(|&n| n > 0).ok_or_else(|| bad(format!("bad size {n}")))? as usize;
-                    Some((n, n))
-                }
-                Some(obj) => {
-                    let get = |k: &str| obj.get(k).and_then(|x| x.as_u64()).filter(|&n| n > 0).map(|n| n as usize);
-                    match (get("height"), get("width")) {
-                        (Some(h), Some(w)) => Some((h, w)),
-                        _ => return Err(bad(format!("size {obj} is not {{height, width}}; only a fixed resize is supported"))),
-                    }
-                }
-            }
-        };
-        let filter = match v.get("resample").and_then(|x| x.as_u64()) {
-            None | Some(2) => Filter::Bilinear,
-            Some(3) => Filter::Bicubic,
-            Some(r) => return Err(bad(format!("unsupported resample {r} (2 = bilinear and 3 = bicubic are supported)"))),
-        };
-        let rescale = if flag("do_rescale") {
-            Some(v.get("rescale_factor").and_then(|x| x.as_f64()).unwrap_or(1.0 / 255.0) as f32)
-        } else {
-            None
-        };
-        let triple = |k: &str, dflt: [f32; 3]| -> Result<[f32; 3]> {
-            match v.get(k) {
-                None | Some(serde_json::Value::Null) => Ok(dflt),
-                Some(serde_json::Value::Number(n)) => Ok([n.as_f64().unwrap_or(0.0) as f32; 3]),
-                Some(serde_json::Value::Array(a)) if a.len() == 3 => {
-                    let mut o = [0f32; 3];
-                    for (i, x) in a.iter().enumerate() {
-                        o[i] = x.as_f64().ok_or_else(|| bad(format!("{k} must be numbers")))? as f32;
-                    }
-                    Ok(o)
-                }
-                Some(x) => Err(bad(format!("{k} must be 3 numbers, got {x}"))),
-            }
-        };
-        let normalize = if flag("do_normalize") {
-            let std = triple("image_std", IMAGENET_STD)?;
-            if std.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
-                return Err(bad(format!("image_std {std:?} must be positive")));
-            }
-            Some((triple("image_mean", IMAGENET_MEAN)?, std))
-        } else {
-            None
-        };
-        let pre = Preprocess { size, filter, rescale, normalize };
-        pre.validate()?;
-        Ok(pre)
-    }
-
-    /// Checks every number against the shared config limits ([`crate::config_check`]).
-    pub fn validate(&self) -> Result<()> {
-        let s = crate::config_check::Section::root();
-        if let Some((h, w)) = self.size {
-            s.image_size("size", h, w)?;
-        }
-        if let Some(r) = self.rescale {
-            s.positive("rescale_factor", r as f64, 1.0)?;
-        }
-        if let Some((mean, std)) = &self.normalize {
-            s.mean_std(mean, std)?;
-        }
-        Ok(())
-    }
-
-    /// The network input size for an image of `w × h`.
-    pub fn input_size(&self, w: u32, h: u32) -> (usize, usize) {
-        self.size.unwrap_or((h as usize, w as usize))
-    }
-
-    /// `pixel_values [3, H, W]` (f32) for one RGB image.
-    pub fn apply(&self, img: &RgbImage, device: &Device) -> Result<Tensor> {
-        let (h, w) = self.input_size(img.width(), img.height());
-        let n = crate::config_check::input_elements(h, w, 3)?;
-        let resized;
-        let img = if (h, w) != (img.height() as usize, img.width() as usize) {
-            resized = resize(img, w as u32, h as u32, self.filter);
-            &resized
-        } else {
-            img
-        };
-        let scale = self.rescale.unwrap_or(1.0);
-        let (mean, std) = self.normalize.unwrap_or(([0.0; 3], [1.0; 3]));
-        let raw = img.as_raw();
-        let plane = h * w;
-        let mut out = vec![0f32; n];
-        for (c, dst) in out.chunks_mut(plane).enumerate() {
-            for (i, d) in dst.iter_mut().enumerate() {
-                *d = (raw[3 * i + c] as f32 * scale - mean[c]) / std[c];
-            }
-        }
-        Ok(Tensor::from_vec(out, (3, h, w), device)?)
-    }
-}
 
 /// Bilinear resize (PyTorch `interpolate(size=(out_h, out_w), mode="bilinear", align_corners=False)`)
 /// of `logits [C, h, w]` fused with the argmax over classes, without materialising the resized
@@ -428,42 +284,38 @@ impl ClassMap {
     }
 }
 
-/// A loaded SegFormer with its preprocessing: images in, per-pixel checkpoint class ids out.
+/// A loaded SegFormer with its image processor: images in, per-pixel checkpoint class ids out.
 pub struct Segmenter {
-    model: super::SegformerForSemanticSegmentation,
-    preprocess: Preprocess,
+    model: SegformerForSemanticSegmentation,
+    processor: SegformerProcessor,
     labels: Vec<String>,
     /// For batch planning; `None` when built from parts (no config at hand).
-    footprint: Option<crate::models::footprint::Footprint>,
+    footprint: Option<Footprint>,
 }
 
 impl Segmenter {
     /// Opens a model directory (or weight file) whose architecture is `segformer`, reading
     /// `preprocessor_config.json` beside it when present.
     pub fn load(model: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let store = std::sync::Arc::new(crate::weights::WeightStore::open(model)?);
-        match crate::models::architecture(&store).as_deref() {
-            Some("segformer") => {}
-            Some(other) => {
-                return Err(Error::Config(format!(
-                    "{}: a `{other}` model, not a SegFormer (model_type `segformer`): segment needs a segmentation model",
-                    model.display()
-                )))
-            }
-            None => return Err(Error::Config(format!("{}: no model_type in its config; segment needs a SegFormer (`segformer`)", model.display()))),
-        }
-        let vb = crate::weights::Vb::new(store.clone(), dtype, device.clone());
-        let model_ = super::SegformerForSemanticSegmentation::load(&vb, store.config())
-            .map_err(|e| crate::config_check::in_file(store.config_origin(), e))?;
+        let ckpt = Checkpoint::open(model)?;
+        let config = ckpt.config::<Config>().filter(|_| ckpt.serves(Task::Segmentation));
+        let Some(config) = config else {
+            return Err(Error::Config(format!(
+                "{}: a `{}` model, not a SegFormer (model_type `segformer`): segment needs a segmentation model",
+                model.display(),
+                ckpt.architecture()
+            )));
+        };
+        let vb = Vb::new(ckpt.store().clone(), dtype, device.clone());
+        let model_ = ckpt.built(|| SegformerForSemanticSegmentation::load(&vb, config))?;
         let labels = model_.config().labels();
-        let footprint = crate::models::footprint::Footprint::new("segformer", store.config(), dtype);
-        Ok(Segmenter { model: model_, preprocess: Preprocess::from_model_path(model)?, labels, footprint: Some(footprint) })
+        Ok(Segmenter { model: model_, processor: SegformerProcessor::from_model_path(model)?, labels, footprint: ckpt.footprint(dtype) })
     }
 
     /// From parts already loaded.
-    pub fn new(model: super::SegformerForSemanticSegmentation, preprocess: Preprocess) -> Self {
+    pub fn new(model: SegformerForSemanticSegmentation, processor: SegformerProcessor) -> Self {
         let labels = model.config().labels();
-        Segmenter { model, preprocess, labels, footprint: None }
+        Segmenter { model, processor, labels, footprint: None }
     }
 
     /// The checkpoint's class names by id.
@@ -471,18 +323,18 @@ impl Segmenter {
         &self.labels
     }
 
-    /// The preprocessing in use.
-    pub fn preprocess(&self) -> &Preprocess {
-        &self.preprocess
+    /// The image processor in use.
+    pub fn processor(&self) -> &SegformerProcessor {
+        &self.processor
     }
 
     /// Replaces the network input size (`(height, width)`).
     pub fn set_input_size(&mut self, size: Option<(usize, usize)>) {
-        self.preprocess.size = size;
+        self.processor.size = size;
     }
 
     /// The model.
-    pub fn model(&self) -> &super::SegformerForSemanticSegmentation {
+    pub fn model(&self) -> &SegformerForSemanticSegmentation {
         &self.model
     }
 
@@ -490,7 +342,7 @@ impl Segmenter {
     /// Estimated activation bytes of one forward-pass item for `image` (for batch planning).
     pub fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
         let source = (image.height() as usize, image.width() as usize);
-        self.footprint.as_ref()?.per_item(self.preprocess.input_size(image.width(), image.height()), source)
+        Some(self.footprint.as_ref()?.per_item(self.processor.input_size(image.width(), image.height()), source))
     }
 
     /// The device the model runs on.
@@ -511,11 +363,11 @@ impl Segmenter {
         let mut out: Vec<Option<Tensor>> = vec![None; images.len()];
         let mut groups: BTreeMap<(usize, usize), Vec<usize>> = BTreeMap::new();
         for (i, img) in images.iter().enumerate() {
-            groups.entry(self.preprocess.input_size(img.width(), img.height())).or_default().push(i);
+            groups.entry(self.processor.input_size(img.width(), img.height())).or_default().push(i);
         }
         for idx in groups.values() {
             crate::memory::backoff::check_injected_oom(idx.len())?;
-            let xs = idx.iter().map(|&i| self.preprocess.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
+            let xs = idx.iter().map(|&i| self.processor.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
             let batch = Tensor::stack(&xs, 0)?;
             let logits = crate::device::on_pool_worker(&device, || self.model.forward(&batch))?;
             for (k, &i) in idx.iter().enumerate() {

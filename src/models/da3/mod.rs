@@ -9,6 +9,12 @@
 //! explicit `net` / `head` sections (same fields as the yaml, see [`NetConfig`] / [`HeadConfig`])
 //! replace the preset. The camera encoder/decoder and the DualDPT ray branch (`model.cam_enc.*`,
 //! `model.cam_dec.*`, `head.scratch.*_aux*`) are never read.
+mod family;
+pub mod processor;
+
+pub use family::Da3Family;
+pub use processor::Da3Processor;
+
 use candle_core::{Module, Tensor};
 use candle_nn::LayerNorm;
 use crate::nn::conv::Conv2d;
@@ -228,6 +234,43 @@ impl Da3Config {
         net.validate()?;
         head.validate()?;
         Ok((arch, net, head))
+    }
+}
+
+/// A parsed DA3 config: which model it is, its backbone and its head.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The model family.
+    pub kind: Da3Kind,
+    /// The backbone.
+    pub net: NetConfig,
+    /// The head.
+    pub head: HeadConfig,
+}
+
+impl Config {
+    /// Parses and checks `config.json` ([`Da3Config::from_json`]).
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        let (arch, net, head) = Da3Config::from_json(config)?;
+        let kind = match arch.as_str() {
+            ARCH_ANY_VIEW => Da3Kind::AnyView,
+            ARCH_MONO => Da3Kind::Mono,
+            ARCH_METRIC => Da3Kind::Metric,
+            o => return Err(Error::Config(format!("`{o}` is not a DA3 architecture"))),
+        };
+        if net.out_layers.len() != 4 {
+            return Err(Error::Config(format!("DA3 needs 4 out_layers, got {:?}", net.out_layers)));
+        }
+        Ok(Config { kind, net, head })
+    }
+
+    /// The architecture name.
+    pub fn architecture(&self) -> &'static str {
+        match self.kind {
+            Da3Kind::AnyView => ARCH_ANY_VIEW,
+            Da3Kind::Mono => ARCH_MONO,
+            Da3Kind::Metric => ARCH_METRIC,
+        }
     }
 }
 
@@ -564,17 +607,8 @@ pub struct Da3 {
 impl Da3 {
     /// Builds the model from `config.json` and the hub layout (`model.backbone.pretrained.*`,
     /// `model.head.*`; the `model.` prefix may be absent).
-    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
-        let (arch, net, head_cfg) = Da3Config::from_json(config)?;
-        let (arch, kind) = match arch.as_str() {
-            ARCH_ANY_VIEW => (ARCH_ANY_VIEW, Da3Kind::AnyView),
-            ARCH_MONO => (ARCH_MONO, Da3Kind::Mono),
-            ARCH_METRIC => (ARCH_METRIC, Da3Kind::Metric),
-            o => return Err(Error::Config(format!("`{o}` is not a DA3 architecture"))),
-        };
-        if net.out_layers.len() != 4 {
-            return Err(Error::Config(format!("DA3 needs 4 out_layers, got {:?}", net.out_layers)));
-        }
+    pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
+        let (arch, kind, net, head_cfg) = (config.architecture(), config.kind, &config.net, &config.head);
         let root = if vb.contains("model.backbone.pretrained.cls_token") {
             vb.pp("model")
         } else if vb.contains("backbone.pretrained.cls_token") {
@@ -591,7 +625,7 @@ impl Da3 {
             return Err(Error::Config("backbone and head patch sizes differ".into()));
         }
         let backbone = Dinov2::load_with(&root.pp("backbone").pp("pretrained"), &bcfg, &net.options()?)?;
-        let head = Head::load(&root.pp("head"), &head_cfg)?;
+        let head = Head::load(&root.pp("head"), head_cfg)?;
         Ok(Da3 { arch, kind, backbone, out_layers: net.out_layers.clone(), head, patch: net.patch_size })
     }
 
@@ -703,7 +737,7 @@ mod tests {
         assert_eq!(architecture_for_model_name("da3-large-1.1"), Some(ARCH_ANY_VIEW));
         assert_eq!(architecture_for_model_name("da3mono-large"), Some(ARCH_MONO));
         assert_eq!(architecture_for_model_name("da3metric-large"), Some(ARCH_METRIC));
-        assert_eq!(architecture_for_model_name("depth_anything"), None);
+        assert_eq!(architecture_for_model_name("depth-anything"), None);
         let (arch, net, head) = Da3Config::from_json(&serde_json::json!({"model_name": "da3-small"})).unwrap();
         assert_eq!((arch.as_str(), net.name.as_str(), head.dim_in, head.features), ("da3", "vits", 768, 64));
         assert!(Da3Config::from_json(&serde_json::json!({"model_name": "da3nested-giant-large"})).is_err());

@@ -1,17 +1,20 @@
-//! The models as [`TileModel`]s, and their default tile sizes: canopy height (metres, blended
-//! directly), depth (relative depth aligned by scale and shift, metric blended directly) and
-//! segmentation (logits blended, then argmax).
+//! The tasks as [`TileModel`]s for large rasters, and their default tile sizes (the model's working
+//! size, so that tiles are not resized): canopy height (metres, blended directly), depth (relative
+//! depth aligned by scale and shift, metric blended directly) and segmentation (logits blended,
+//! then argmax).
 use candle_core::{DType, Device};
 use image::RgbImage;
 
-use super::{Combine, TileMap, TileModel};
+use super::chm::ChmEstimator;
+use super::depth::DepthEstimator;
+use super::segment::Segmenter;
 use crate::error::{Error, Result};
-use crate::models::segformer::Segmenter;
-use crate::tasks::chm::ChmEstimator;
-use crate::tasks::depth::{DepthEstimator, Preprocess};
+use crate::models::chmv2::processor::WORKING_SIZE as CHM_TILE;
+use crate::models::processor::ImageProcessor;
+use crate::tiling::{Combine, TileMap, TileModel};
 
 /// CHMv2's default `(tile, overlap)`: the checkpoint's 416² working size, 64 px overlap.
-pub const CHM_DEFAULT: (usize, usize) = (416, 64);
+pub const CHM_DEFAULT: (usize, usize) = (CHM_TILE, 64);
 /// Depth overlap (wide, so that the scale fit of relative depth has many pairs).
 pub const DEPTH_OVERLAP: usize = 96;
 /// Segmentation overlap.
@@ -68,10 +71,7 @@ impl TileModel for DepthTiles<'_> {
 /// The default `(tile, overlap)` of a depth model: its network input size (518 for Depth Anything
 /// V2, the `process_res` 504 for DA3), so that tiles are not resized.
 pub fn depth_default(est: &DepthEstimator) -> (usize, usize) {
-    let tile = match est.preprocess() {
-        Preprocess::Dpt(p) => p.size.height.max(p.size.width),
-        Preprocess::Da3(p) => p.process_res,
-    };
+    let tile = est.processor().working_size();
     (tile, DEPTH_OVERLAP.min(tile / 4))
 }
 
@@ -110,7 +110,7 @@ impl TileModel for SegTiles<'_> {
 /// The default `(tile, overlap)` of a SegFormer: its network input size (512 without a
 /// preprocessor config).
 pub fn seg_default(seg: &Segmenter) -> (usize, usize) {
-    let tile = seg.preprocess().size.map(|(h, w)| h.max(w)).unwrap_or(512);
+    let tile = seg.processor().working_size();
     // A small network input (`--size 64x64`) gets a proportionally small overlap.
     (tile, SEG_OVERLAP.min(tile / 4))
 }

@@ -1,4 +1,10 @@
 //! Depth Anything (V1/V2, relative and metric): transformers `DepthAnythingForDepthEstimation`.
+mod family;
+pub mod processor;
+mod training;
+
+pub use family::DepthAnythingFamily;
+pub use processor::DptProcessor;
 use candle_core::{Module, Tensor};
 use crate::nn::conv::Conv2d;
 use serde::Deserialize;
@@ -56,6 +62,23 @@ fn factors() -> Vec<f64> { vec![4.0, 2.0, 1.0, 0.5] }
 fn relative() -> String { "relative".into() }
 
 impl Config {
+    /// Parses `config.json` and checks it.
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("depth_anything config: {e}")))?;
+        cfg.validate()?;
+        cfg.kind()?;
+        Ok(cfg)
+    }
+
+    /// Whether the head gives relative or metric depth (`depth_estimation_type`).
+    pub fn kind(&self) -> Result<DepthKind> {
+        match self.depth_estimation_type.as_str() {
+            "relative" => Ok(DepthKind::Relative),
+            "metric" => Ok(DepthKind::Metric),
+            o => Err(Error::Config(format!("unknown depth_estimation_type `{o}`"))),
+        }
+    }
+
     /// Checks every number against the shared config limits ([`crate::config_check`]).
     pub fn validate(&self) -> Result<()> {
         let s = Section::root();
@@ -108,14 +131,8 @@ pub struct DepthAnything {
 
 impl DepthAnything {
     /// Builds the model from the hub layout (`backbone.*`, `neck.*`, `head.*`).
-    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
-        let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("depth_anything config: {e}")))?;
-        cfg.validate()?;
-        let kind = match cfg.depth_estimation_type.as_str() {
-            "relative" => DepthKind::Relative,
-            "metric" => DepthKind::Metric,
-            o => return Err(Error::Config(format!("unknown depth_estimation_type `{o}`"))),
-        };
+    pub fn load(vb: &Vb, cfg: &Config) -> Result<Self> {
+        let kind = cfg.kind()?;
         let indices = cfg.backbone_config.feature_indices()?;
         let levels = cfg.neck_hidden_sizes.len().min(cfg.reassemble_factors.len());
         if levels == 0 || indices.len() != cfg.neck_hidden_sizes.len() {

@@ -12,71 +12,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 use super::grads::Grads;
 use crate::error::{Error, Result};
-use crate::models::chmv2::Chmv2;
-use crate::models::depth_anything::{BackboneFeatures, DepthAnything};
-use crate::models::backbones::dinov3::Dinov3;
-
-/// A model whose ViT backbone can be walked one block at a time (what checkpointing needs).
-pub trait BlockWalk {
-    /// Embedding tokens `[B, N, D]` of `pixels` and the patch grid.
-    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)>;
-    /// Number of backbone blocks.
-    fn block_count(&self) -> usize;
-    /// Block `i` on tokens of a `grid`.
-    fn block(&self, i: usize, x: &Tensor, grid: (usize, usize)) -> Result<Tensor>;
-    /// The hidden states the head reads (0 = embeddings), increasing.
-    fn taps(&self) -> Vec<usize>;
-    /// The prediction from those hidden states (in `taps` order).
-    fn head(&self, taps: &[Tensor], grid: (usize, usize)) -> Result<Tensor>;
-}
-
-impl BlockWalk for DepthAnything {
-    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)> {
-        self.backbone().embed(pixels)
-    }
-
-    fn block_count(&self) -> usize {
-        self.backbone().block_count()
-    }
-
-    fn block(&self, i: usize, x: &Tensor, _: (usize, usize)) -> Result<Tensor> {
-        self.backbone().block_forward(i, x)
-    }
-
-    fn taps(&self) -> Vec<usize> {
-        self.feature_indices().to_vec()
-    }
-
-    fn head(&self, taps: &[Tensor], (ph, pw): (usize, usize)) -> Result<Tensor> {
-        let tokens = taps.iter().map(|t| self.backbone().output_norm(t)).collect::<Result<Vec<_>>>()?;
-        self.decode(&BackboneFeatures { tokens, ph, pw })
-    }
-}
-
-impl BlockWalk for Chmv2 {
-    fn embed(&self, pixels: &Tensor) -> Result<(Tensor, usize, usize)> {
-        self.backbone().embed(&pixels.to_dtype(self.precision().backbone)?)
-    }
-
-    fn block_count(&self) -> usize {
-        self.backbone().block_count()
-    }
-
-    fn block(&self, i: usize, x: &Tensor, (ph, pw): (usize, usize)) -> Result<Tensor> {
-        let bb: &Dinov3 = self.backbone();
-        bb.block_forward(i, x, &bb.rope(ph, pw, x)?)
-    }
-
-    fn taps(&self) -> Vec<usize> {
-        self.backbone().indices().to_vec()
-    }
-
-    fn head(&self, taps: &[Tensor], (ph, pw): (usize, usize)) -> Result<Tensor> {
-        let bb = self.backbone();
-        let stages = bb.indices().iter().zip(taps).map(|(&k, t)| bb.stage_output(k, t, ph, pw)).collect::<Result<Vec<_>>>()?;
-        self.features_to_depth().forward(&self.decode_logits(&Dinov3::features_from(stages, ph, pw))?)
-    }
-}
+use crate::models::training::BlockWalk;
 
 /// Where the kept block inputs wait for the backward pass.
 pub enum KeptInputs {

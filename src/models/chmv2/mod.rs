@@ -5,6 +5,13 @@
 //! reassemble layer, a 3×3 conv to the fusion width; fusion from the coarsest level, every layer
 //! upsampling ×2 (the first has no residual unit for a skip input); `conv_depth` (3×3 → ×2 bilinear →
 //! 3×3 → ReLU → 1×1 to the bins); then [`FeaturesToDepth`] (`chmv2_mixlog` for the hub checkpoint).
+mod family;
+pub mod processor;
+mod training;
+
+pub use family::Chmv2Family;
+pub use processor::Chmv2Processor;
+
 use candle_core::{DType, Module, Tensor, D};
 use crate::nn::conv::Conv2d;
 use crate::kernels::cpu_slice::transpose_last_two;
@@ -70,6 +77,13 @@ fn max_depth() -> f64 { 96.0 }
 fn mixlog() -> String { "chmv2_mixlog".into() }
 
 impl Config {
+    /// Parses `config.json` and checks it.
+    pub fn from_json(config: &serde_json::Value) -> Result<Self> {
+        let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("chmv2 config: {e}")))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// Checks every number against the shared config limits ([`crate::config_check`]).
     pub fn validate(&self) -> Result<()> {
         let s = Section::root();
@@ -309,14 +323,12 @@ pub struct Chmv2 {
 
 impl Chmv2 {
     /// Builds the model from the hub layout (`backbone.*`, `head.*`), computing in `vb`'s dtype.
-    pub fn load(vb: &Vb, config: &serde_json::Value) -> Result<Self> {
+    pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
         Self::load_with(vb, config, Precision::uniform(vb.dtype()))
     }
 
     /// As [`Chmv2::load`], with per-part compute dtypes.
-    pub fn load_with(vb: &Vb, config: &serde_json::Value, precision: Precision) -> Result<Self> {
-        let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("chmv2 config: {e}")))?;
-        cfg.validate()?;
+    pub fn load_with(vb: &Vb, cfg: &Config, precision: Precision) -> Result<Self> {
         let bb = &cfg.backbone_config;
         if bb.patch()? != cfg.patch_size {
             return Err(Error::Config(format!("patch_size {} differs from the backbone's {}", cfg.patch_size, bb.patch()?)));

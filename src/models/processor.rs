@@ -1,9 +1,53 @@
-//! Image → `pixel_values` preprocessing recipes of the reference image processors.
+//! What the families' image processors share: the [`ImageProcessor`] trait each family implements
+//! in its folder (the one reader of its `preprocessor_config.json`, for inference and training
+//! alike), where that file lies, and the reference processors' common steps.
+use std::path::{Path, PathBuf};
+
 use candle_core::{Device, Tensor};
 use image::RgbImage;
+use serde::Deserialize;
 
 use crate::error::Result;
 use crate::imageio::resample::{resize, Filter};
+
+/// How training samples, resized to a fixed size, are made network inputs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalization {
+    /// Per-channel mean (of values scaled to 0..1).
+    pub mean: [f32; 3],
+    /// Per-channel standard deviation.
+    pub std: [f32; 3],
+    /// The resampling filter.
+    pub filter: Filter,
+}
+
+/// A family's image preprocessing, as its reference image processor does it.
+pub trait ImageProcessor: Send + Sync + std::fmt::Debug {
+    /// The network input size `(H, W)` for an `h × w` image.
+    fn input_size(&self, h: usize, w: usize) -> (usize, usize);
+    /// `pixel_values [3, H, W]` (f32) for one image, at [`ImageProcessor::input_size`].
+    fn pixel_values(&self, img: &RgbImage, device: &Device) -> Result<Tensor>;
+    /// The side of a tile that the network takes without resizing (the default tile of a large raster).
+    fn working_size(&self) -> usize;
+    /// How training samples at a fixed size are normalised.
+    fn normalization(&self) -> Result<Normalization>;
+}
+
+/// A height/width pair as the processors write it.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct Size {
+    /// Height in pixels.
+    pub height: usize,
+    /// Width in pixels.
+    pub width: usize,
+}
+
+/// The `preprocessor_config.json` beside a model (inside a model directory, or beside a single
+/// weight file), when there is one.
+pub fn processor_file(model: &Path) -> Option<PathBuf> {
+    let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
+    p.exists().then_some(p)
+}
 
 /// ImageNet mean (RGB).
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];

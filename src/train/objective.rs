@@ -1,0 +1,188 @@
+//! What fine-tuning optimises for each task: the tasks that train and what their targets hold, the
+//! losses a task accepts and the one chosen by default, and the mean IoU of segmentation.
+use candle_core::Tensor;
+
+use super::data::TargetKind;
+use super::losses;
+use crate::error::Result;
+use crate::models::training::Prediction;
+use crate::models::FAMILIES;
+use crate::tasks::Task;
+
+/// The tasks that fine-tune: those some family can train.
+pub fn trainable_tasks() -> Vec<Task> {
+    Task::ALL.into_iter().filter(|t| FAMILIES.iter().any(|f| f.training().is_some() && f.tasks().contains(t))).collect()
+}
+
+/// The names `task` accepts, for messages (`depth, segmentation, chm`).
+pub fn trainable_task_names() -> String {
+    trainable_tasks().iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// What the checkpoints that fine-tune for `task` are, for messages.
+pub fn trained_checkpoints(task: Task) -> String {
+    let families: Vec<String> = FAMILIES
+        .iter()
+        .filter(|f| f.training().is_some() && f.tasks().contains(&task))
+        .map(|f| format!("{} checkpoints (model_type {})", f.name(), f.architectures().iter().map(|a| format!("`{a}`")).collect::<Vec<_>>().join(" or ")))
+        .collect();
+    families.join(", ")
+}
+
+/// What the target files of `task` hold.
+pub fn target_kind(task: Task) -> TargetKind {
+    match task {
+        Task::Segmentation => TargetKind::Classes,
+        _ => TargetKind::Values,
+    }
+}
+
+/// The loss names `task` accepts.
+pub fn loss_names(task: Task) -> &'static [&'static str] {
+    match task {
+        Task::Segmentation => &["cross_entropy", "focal"],
+        _ => &["ssi", "silog", "l1"],
+    }
+}
+
+/// A loss and its settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Loss {
+    /// Scale-and-shift-invariant (relative depth).
+    Ssi,
+    /// Scale-invariant log (metric depth, canopy height); targets ≤ 0 are not counted.
+    Silog,
+    /// Masked L1.
+    L1,
+    /// Cross-entropy over classes, pixels at `ignore` not counted.
+    CrossEntropy {
+        /// The ignore index.
+        ignore: u32,
+    },
+    /// Focal loss.
+    Focal {
+        /// Focusing exponent γ.
+        gamma: f64,
+        /// The ignore index.
+        ignore: u32,
+    },
+}
+
+impl Loss {
+    /// The loss `name` names (None: the default for what the model predicts) with its settings;
+    /// `ignore_index` overrides the checkpoint's ignore index.
+    pub fn choose(name: Option<&str>, prediction: Prediction, ignore_index: Option<u32>, focal_gamma: f64) -> Loss {
+        let ignore = ignore_index.unwrap_or(match prediction {
+            Prediction::Classes { ignore, .. } => ignore,
+            _ => 255,
+        });
+        match (prediction, name) {
+            (_, Some("l1")) => Loss::L1,
+            (_, Some("ssi")) => Loss::Ssi,
+            (_, Some("silog")) => Loss::Silog,
+            (_, Some("focal")) => Loss::Focal { gamma: focal_gamma, ignore },
+            (Prediction::Classes { .. }, _) => Loss::CrossEntropy { ignore },
+            (Prediction::Relative, None) => Loss::Ssi,
+            _ => Loss::Silog,
+        }
+    }
+
+    /// The ignore index of a segmentation loss.
+    pub fn ignore_index(self) -> Option<u32> {
+        match self {
+            Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => Some(ignore),
+            _ => None,
+        }
+    }
+
+    /// The loss of `pred` against `target` `[B, H, W]`. A prediction of another size (a head whose
+    /// output grid is not the input's, SegFormer's quarter-resolution logits) is first resized to the
+    /// target bilinearly (`align_corners=False`), as transformers does before its loss.
+    pub fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+        let (th, tw) = (target.dim(1)?, target.dim(2)?);
+        match self {
+            Loss::CrossEntropy { ignore } => losses::cross_entropy(&to_size(pred, th, tw)?, target, ignore),
+            Loss::Focal { gamma, ignore } => losses::focal(&to_size(pred, th, tw)?, target, gamma, ignore),
+            regression => {
+                let pred = if pred.dims()[1..] == [th, tw] { pred.clone() } else { to_size(&pred.unsqueeze(1)?, th, tw)?.squeeze(1)? };
+                match regression {
+                    Loss::Ssi => losses::ssi(&pred, target),
+                    Loss::Silog => losses::silog(&pred, target, 0.5),
+                    _ => losses::l1(&pred, target),
+                }
+            }
+        }
+    }
+}
+
+/// Per-class pixel counts of intersection and union between the argmax of `logits` `[B, L, h, w]`
+/// (resized to the target) and class ids `target` `[B, H, W]`; pixels at `ignore` are not counted.
+#[derive(Debug, Clone, Default)]
+pub struct ClassOverlap {
+    inter: Vec<u64>,
+    union: Vec<u64>,
+}
+
+impl ClassOverlap {
+    /// Adds a batch.
+    pub fn add(&mut self, logits: &Tensor, target: &Tensor, ignore: u32) -> Result<()> {
+        let (th, tw) = (target.dim(1)?, target.dim(2)?);
+        let classes = logits.dim(1)?;
+        let pred = to_size(logits, th, tw)?.argmax(1)?.flatten_all()?.to_vec1::<u32>()?;
+        let truth = target.flatten_all()?.to_vec1::<f32>()?;
+        if self.inter.len() < classes {
+            self.inter.resize(classes, 0);
+            self.union.resize(classes, 0);
+        }
+        for (&p, &t) in pred.iter().zip(&truth) {
+            let t = t as u32;
+            if t == ignore || t as usize >= classes {
+                continue;
+            }
+            if p == t {
+                self.inter[t as usize] += 1;
+                self.union[t as usize] += 1;
+            } else {
+                self.union[t as usize] += 1;
+                self.union[p as usize] += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mean intersection over union of the classes present in prediction or target (None: none).
+    pub fn mean_iou(&self) -> Option<f64> {
+        let ious: Vec<f64> = self.inter.iter().zip(&self.union).filter(|(_, &u)| u > 0).map(|(&i, &u)| i as f64 / u as f64).collect();
+        (!ious.is_empty()).then(|| ious.iter().sum::<f64>() / ious.len() as f64)
+    }
+}
+
+
+fn to_size(x: &Tensor, h: usize, w: usize) -> Result<Tensor> {
+    crate::nn::interpolate::bilinear(x, h, w, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn mean_iou_counts_by_hand() {
+        // Predictions (argmax over 3 classes): [0, 1, 1, 2]; targets [0, 1, 0, 255 (ignored)].
+        let one_hot = |c: usize| (0..3).map(|k| if k == c { 1f32 } else { 0.0 }).collect::<Vec<_>>();
+        let mut v = Vec::new();
+        for k in 0..3 {
+            for c in [0, 1, 1, 2] {
+                v.push(one_hot(c)[k]);
+            }
+        }
+        let logits = Tensor::from_vec(v, (1, 3, 1, 4), &Device::Cpu).unwrap();
+        let target = Tensor::from_vec(vec![0f32, 1.0, 0.0, 255.0], (1, 1, 4), &Device::Cpu).unwrap();
+        let mut o = ClassOverlap::default();
+        o.add(&logits, &target, 255).unwrap();
+        // class 0: I 1, U 2 (pixels 0, 2); class 1: I 1, U 2 (pixels 1, 2); class 2 absent.
+        assert_eq!(o.mean_iou(), Some(0.5));
+        assert_eq!(ClassOverlap::default().mean_iou(), None);
+    }
+}
