@@ -39,9 +39,29 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A device ran out of memory (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`, cuBLAS's allocation failure,
+    /// a Metal buffer): the batch that hit it may fit when smaller.
+    #[error("{0}")]
+    OutOfMemory(String),
     /// An error raised by a Candle op.
     #[error(transparent)]
-    Candle(#[from] candle_core::Error),
+    Candle(candle_core::Error),
+}
+
+/// Texts by which the devices' out-of-memory errors are recognised, whatever wraps them.
+const OUT_OF_MEMORY: [&str; 4] = ["CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory", "Out of memory"];
+
+impl From<candle_core::Error> for Error {
+    /// A Candle error, or [`Error::OutOfMemory`] where a device ran out of memory: the one place
+    /// that tells them apart (Candle's device errors carry no type to match).
+    fn from(e: candle_core::Error) -> Self {
+        let text = Error::candle_message(&e);
+        if OUT_OF_MEMORY.iter().any(|m| text.contains(m)) {
+            Error::OutOfMemory(text)
+        } else {
+            Error::Candle(e)
+        }
+    }
 }
 
 /// The library's result type.

@@ -16,6 +16,7 @@ pub mod progress;
 pub mod nn;
 pub mod paths;
 pub mod quantize;
+pub mod runner;
 pub mod tasks;
 pub mod tiling;
 pub mod train;

@@ -56,7 +56,7 @@ fn image_tree(root: &Path, n: usize) -> Vec<String> {
 }
 
 fn config(m: &Models, batch: usize) -> Config {
-    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: device_arg(), batch: edgerun::memory::BatchSetting::Fixed(batch), ..Default::default() };
+    let mut c = Config { stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation], device: device_arg(), batch: edgerun::runner::BatchSetting::Fixed(batch), ..Default::default() };
     c.depth.model = m.depth.to_string_lossy().into_owned();
     c.segmentation.model = m.seg.to_string_lossy().into_owned();
     c.segmentation.visualize = true;
@@ -549,7 +549,7 @@ fn canopy_height_writes_npy_and_a_georeferenced_geotiff_for_geotiff_inputs() {
     for f in ["scene.tif", "rotated_be.tif", "plain.png"] {
         std::fs::copy(fixture("chmv2_geotiff").join(f), input.join("tiles").join(f)).unwrap();
     }
-    let mut cfg = Config { stages: vec![StageKind::Chm], device: device_arg(), batch: edgerun::memory::BatchSetting::Fixed(2), ..Default::default() };
+    let mut cfg = Config { stages: vec![StageKind::Chm], device: device_arg(), batch: edgerun::runner::BatchSetting::Fixed(2), ..Default::default() };
     cfg.chm.model = fixture("chmv2_tiny").to_string_lossy().into_owned();
     cfg.chm.visualize = true;
     cfg.progress.mode = "none".into();

@@ -21,7 +21,7 @@ fn config() -> Config {
     let mut c = Config {
         stages: vec![StageKind::Depth, StageKind::Edges, StageKind::Segmentation, StageKind::Chm],
         device: device_arg(),
-        batch: edgerun::memory::BatchSetting::Fixed(2),
+        batch: edgerun::runner::BatchSetting::Fixed(2),
         ..Default::default()
     };
     c.depth.model = fixture("da2_relative_p14").to_string_lossy().into_owned();

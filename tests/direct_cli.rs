@@ -482,3 +482,30 @@ fn batch_auto_plans_from_the_memory_budget() {
     let o = edgerun(&["depth", "--model", m.to_str().unwrap(), input.to_str().unwrap(), "--out", "x", "--mem-budget", "0"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// A tiled raster backs off like whole images: with every pass over more than one tile running out
+/// of memory, `--batch 4` halves to 1 tile per pass and writes what batch 1 writes.
+#[test]
+fn injected_out_of_memory_halves_the_tile_batch_too() {
+    let t = tempfile::tempdir().unwrap();
+    let scene = fixture("chmv2_geotiff").join("scene.tif");
+    let m = fixture("chmv2_tiny");
+    let tiled = |out: &Path, batch: &str, env: Option<(&str, &str)>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_edgerun"));
+        c.args(["chm", "--model", m.to_str().unwrap(), scene.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", &device()]);
+        c.args(["--tile", "32", "--overlap", "8", "--batch", batch, "--progress", "none"]);
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let reference = t.path().join("ref");
+    let o = tiled(&reference, "1", None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = t.path().join("oom");
+    let o = tiled(&out, "4", Some(("EDGERUN_INJECT_OOM_ABOVE", "1")));
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("out of memory on a batch of 2: batch 2 → 1"), "{e}");
+    same_bytes(&reference, &out);
+}

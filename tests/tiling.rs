@@ -17,6 +17,7 @@ use edgerun::models::processor::Size;
 use edgerun::tasks::depth::DepthEstimator;
 use edgerun::tasks::tiles::{ChmTiles, DepthTiles, SegTiles};
 use edgerun::tiling::{run_tiled, tile_file, Combine, MemoryRaster, Output, TileMap, TileModel, TilePlan, TilingOptions};
+use edgerun::runner::ItemRunner;
 use edgerun::Result;
 use image::RgbImage;
 
@@ -46,9 +47,14 @@ fn chm() -> ChmEstimator {
 
 /// Runs `model` tiled over an in-memory `img` and reads the float output back.
 fn tiled_f32(img: &RgbImage, model: &dyn TileModel, opts: &TilingOptions, dir: &Path) -> Vec<f32> {
+    tiled_f32_batched(img, model, opts, dir, 1)
+}
+
+/// [`tiled_f32`] with `batch` tiles per forward pass.
+fn tiled_f32_batched(img: &RgbImage, model: &dyn TileModel, opts: &TilingOptions, dir: &Path, batch: usize) -> Vec<f32> {
     let dest = dir.join("out.tif");
     let mut src = MemoryRaster { path: "mem.png".into(), image: img.clone() };
-    run_tiled(&mut src, model, &Output::Float { nodata: None }, &dest, None, opts, &mut |_, _| {}).unwrap();
+    run_tiled(&mut src, model, &Output::Float { nodata: None }, &dest, None, opts, &mut ItemRunner::fixed(batch), &mut |_| {}, &mut |_, _| {}).unwrap();
     let (w, h, v) = read_f32(&dest).unwrap();
     assert_eq!((w, h), img.dimensions());
     v
@@ -70,13 +76,13 @@ fn one_tile_equals_untiled_chm_depth_and_segmentation() {
 
     let est = chm();
     let want = est.predict(&[&img], &["x".into()], 1).unwrap().remove(0).values;
-    let got = tiled_f32(&img, &ChmTiles { est: &est, batch: 1 }, &opts, dir.path());
+    let got = tiled_f32(&img, &ChmTiles { est: &est }, &opts, dir.path());
     assert_eq!(got, want, "canopy height");
 
     let pre = DptProcessor { size: Size { height: 70, width: 70 }, ..Default::default() };
     let depth = DepthEstimator::load(&fixture("da2_relative_p14"), &Device::Cpu, DType::F32).unwrap().with_processor(std::sync::Arc::new(pre));
     let want = depth.predict(&[&img], 1).unwrap().remove(0).values;
-    let got = tiled_f32(&img, &DepthTiles { est: &depth, batch: 1 }, &opts, dir.path());
+    let got = tiled_f32(&img, &DepthTiles { est: &depth }, &opts, dir.path());
     assert_eq!(got, want, "depth");
 
     let mut seg = Segmenter::load(&fixture("segformer_tiny"), &Device::Cpu, DType::F32).unwrap();
@@ -85,7 +91,7 @@ fn one_tile_equals_untiled_chm_depth_and_segmentation() {
     let want = map.apply(&seg.segment(&[&img]).unwrap()[0]).unwrap();
     let dest = dir.path().join("seg.tif");
     let mut src = MemoryRaster { path: "mem.png".into(), image: img.clone() };
-    run_tiled(&mut src, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &dest, None, &opts, &mut |_, _| {}).unwrap();
+    run_tiled(&mut src, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &dest, None, &opts, &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
     assert_eq!(read_u8(&dest), want, "segmentation");
 }
 
@@ -184,7 +190,7 @@ fn tiny_chmv2_shows_no_seam_and_stripes_do_not_change_the_result() {
     let (w, h) = (200usize, 150usize);
     let img = smooth(w as u32, h as u32);
     let est = chm();
-    let model = ChmTiles { est: &est, batch: 2 };
+    let model = ChmTiles { est: &est };
     let (tile, ov) = (64, 16);
     let mut opts = TilingOptions::new(tile, ov);
     let one = tiled_f32(&img, &model, &opts, dir.path());
@@ -193,8 +199,7 @@ fn tiny_chmv2_shows_no_seam_and_stripes_do_not_change_the_result() {
     let striped = tiled_f32(&img, &model, &opts, dir.path());
     assert_eq!(one, striped, "stripes recompute shared tiles identically");
     // Batches of two group different tiles in different stripes: equal up to float rounding.
-    opts.batch = 2;
-    let batched = tiled_f32(&img, &model, &opts, dir.path());
+    let batched = tiled_f32_batched(&img, &model, &opts, dir.path(), 2);
     let diff = one.iter().zip(&batched).map(|(a, b)| (a - b).abs() / b.abs().max(1.0)).fold(0f32, f32::max);
     assert!(diff < 1e-3, "batched: max relative difference {diff}");
     // Jumps across the edges of tiles (where an unblended mosaic would have seams) against the
@@ -233,7 +238,7 @@ fn georeferencing_and_nodata_survive_tiling() {
     let est = chm();
     let dest = dir.path().join("scene.chm.tif");
     let opts = TilingOptions::new(32, 8);
-    let stats = tile_file(&src, &dest, &ChmTiles { est: &est, batch: 1 }, &Output::Float { nodata: None }, &opts, &Default::default(), &mut |_, _| {}).unwrap();
+    let stats = tile_file(&src, &dest, &ChmTiles { est: &est }, &Output::Float { nodata: None }, &opts, &Default::default(), &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
     assert_eq!(stats.tiles, 2 * 2);
     let back = GeoReference::read(&dest).unwrap().unwrap();
     assert_eq!(back.tags, geo.tags, "every georeferencing tag, GDAL_NODATA \"0\" included");
@@ -249,7 +254,7 @@ fn georeferencing_and_nodata_survive_tiling() {
     seg.set_input_size(Some((32, 32)));
     let map = ClassMap::identity(seg.labels()).unwrap();
     let dest = dir.path().join("scene.seg.tif");
-    tile_file(&src, &dest, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &opts, &Default::default(), &mut |_, _| {}).unwrap();
+    tile_file(&src, &dest, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &opts, &Default::default(), &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
     let back = GeoReference::read(&dest).unwrap().unwrap();
     assert_eq!(back.nodata_text().as_deref(), Some("255"));
     assert_eq!(back.pixel_scale(), geo.pixel_scale());

@@ -3,9 +3,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::memory::BatchSetting;
+use crate::runner::BatchSetting;
 use crate::config_check::Section;
 use crate::error::{Error, Result};
+use crate::tasks::Task;
 use crate::imageio::ImageLimits;
 
 /// Largest `prefetch` (decoded batches queued ahead of the model).
@@ -37,34 +38,42 @@ pub enum StageKind {
     Chm,
 }
 
+/// The name of the one stage that runs no model.
+const EDGES: &str = "edges";
+
 impl StageKind {
     /// All stages, in pipeline order.
     pub const ALL: [StageKind; 4] = [StageKind::Depth, StageKind::Edges, StageKind::Segmentation, StageKind::Chm];
 
-    /// The stage's name, which is also its output directory and journal name.
-    pub fn name(self) -> &'static str {
+    /// The task a model stage runs (`None` for edges).
+    pub fn task(self) -> Option<Task> {
         match self {
-            StageKind::Depth => "depth",
-            StageKind::Edges => "edges",
-            StageKind::Segmentation => "segmentation",
-            StageKind::Chm => "chm",
+            StageKind::Depth => Some(Task::Depth),
+            StageKind::Edges => None,
+            StageKind::Segmentation => Some(Task::Segmentation),
+            StageKind::Chm => Some(Task::CanopyHeight),
         }
     }
 
-    /// Parses a stage name (`seg` is accepted for `segmentation`).
+    /// The stage's name, which is also its output directory and journal name: its task's name.
+    pub fn name(self) -> &'static str {
+        self.task().map_or(EDGES, Task::name)
+    }
+
+    /// Parses a stage name: `edges`, or a task name or alias (`seg` for `segmentation`).
     pub fn parse(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "depth" => Ok(StageKind::Depth),
-            "edges" => Ok(StageKind::Edges),
-            "segmentation" | "seg" | "segment" => Ok(StageKind::Segmentation),
-            "chm" | "canopy" | "canopy_height" => Ok(StageKind::Chm),
-            other => Err(Error::Config(format!("unknown stage `{other}` (expected depth, edges, segmentation or chm)"))),
+        let s = s.trim().to_ascii_lowercase();
+        if s == EDGES {
+            return Ok(StageKind::Edges);
         }
+        Task::parse(&s)
+            .and_then(|t| StageKind::ALL.into_iter().find(|k| k.task() == Some(t)))
+            .ok_or_else(|| Error::Config(format!("unknown stage `{s}` (expected depth, edges, segmentation or chm)")))
     }
 
     /// Whether the stage runs a model.
     pub fn has_model(self) -> bool {
-        self != StageKind::Edges
+        self.task().is_some()
     }
 }
 
@@ -609,10 +618,10 @@ impl Config {
         }
         let s = Section::root();
         if let BatchSetting::Fixed(n) = self.batch {
-            s.count("batch", n, crate::memory::plan::MAX_BATCH)?;
+            s.count("batch", n, crate::runner::plan::MAX_BATCH)?;
         }
         if let Some(m) = self.mem_budget_mb {
-            s.count("mem_budget_mb", m.try_into().unwrap_or(usize::MAX), crate::memory::plan::MAX_BUDGET_MIB as usize)?;
+            s.count("mem_budget_mb", m.try_into().unwrap_or(usize::MAX), crate::runner::plan::MAX_BUDGET_MIB as usize)?;
         }
         s.count("prefetch", self.prefetch, MAX_PREFETCH)?;
         s.count("write_threads", self.write_threads, MAX_THREADS)?;

@@ -16,7 +16,7 @@ pub mod hash;
 pub mod journal;
 pub mod layout;
 pub mod listing;
-pub mod progress;
+pub mod summary;
 pub mod scheduler;
 pub mod shard;
 pub mod stages;
@@ -28,14 +28,20 @@ use std::time::{Duration, Instant};
 
 pub use config::{Config, Fingerprint, FloatFormat, StageKind, DEFAULT_CONFIG};
 pub use journal::{MergedStage, Record, Status};
-pub use progress::Summary;
+pub use summary::Summary;
+
+/// Prints an `annotate:` line on stderr without breaking the progress bar.
+pub fn log(msg: &str) {
+    crate::progress::log("annotate", msg)
+}
 pub use shard::Shard;
 
 use crate::error::{Error, Result};
 use journal::{journal_path, manifest_dir, read_records, stage_journals, Index, Journal};
 use layout::{collisions, create_dirs, expected_outputs, output_rel, possible_outputs, remove_stale_temps, stem_rel, OutputKind};
 use listing::{list_inputs, InputFile};
-use progress::{Mode, Progress, StageSummary};
+use crate::progress::{Mode, Progress};
+use summary::StageSummary;
 use scheduler::{ChunkJob, Exec, ItemInfo, Member, StageSet};
 use stages::{Devices, ModelChain};
 use tiled::{TiledOut, TiledRun, TiledWork};
@@ -125,14 +131,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     let quiet = cfg.progress.mode == "none";
     let say = |m: &str| {
         if !quiet {
-            progress::log(m)
+            log(m)
         }
     };
 
     // Inputs.
     let listing = list_inputs(&opts.input, &cfg.extensions, Some(&out_c), cfg.fingerprint, &mdir.join(format!("filelist{tag}.json")), opts.rescan)?;
     for w in &listing.warnings {
-        progress::log(&format!("warning: {w}"));
+        log(&format!("warning: {w}"));
     }
     for s in &listing.skipped {
         say(&format!("not listed: {s}"));
@@ -272,7 +278,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     for &k in stages.iter().filter(|k| k.has_model()) {
         if jobs.iter().any(|j| j.run.has(k)) || tiled_work.iter().any(|w| w.stage == k) {
             let mut chain = ModelChain::new(k, cfg)?;
-            chain.load_primary(cfg, &mut devices, &mut |m| progress::log(&m))?;
+            chain.load_primary(cfg, &mut devices, &mut |m| log(&m))?;
             chains.push(chain);
             if let Some(s) = summary_stages.get_mut(&k) {
                 s.model_loaded = true;
@@ -302,7 +308,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     if !tiled_work.is_empty() {
         let t_tiled = Instant::now();
         let x = TiledRun { cfg, input_root: &listing.root, output, items: &items, shard: &shard.to_string(), verbose: !quiet };
-        let t = tiled::run_tiled(&x, &tiled_work, &mut chains, &mut devices, &mut journals, &mut |m| progress::log(&m))?;
+        let t = tiled::run_tiled(&x, &tiled_work, &mut chains, &mut devices, &mut journals, &mut |m| log(&m))?;
         add_tiled(&mut stats, t, t_tiled.elapsed().as_secs_f64());
     }
     drop(journals);

@@ -17,7 +17,8 @@ use super::decode;
 use super::journal::{unix_ms, Journal, Record, Status};
 use super::layout::{output_rel, OutputKind};
 use super::listing::InputFile;
-use super::progress::{self, Failure, Progress, StageSummary};
+use super::summary::{Failure, StageSummary};
+use crate::progress::Progress;
 use super::stages::{Devices, ModelChain, Prediction};
 use crate::edges::sobel_magnitude;
 use crate::geotiff::{write_f32 as write_geotiff_f32, GeoReference};
@@ -566,7 +567,7 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
             continue;
         }
         let t = Instant::now();
-        let mut warn = |m: String| progress::log(&m);
+        let mut warn = |m: String| super::log(&m);
         let results = chain.predict(&images, cfg, devices, &mut warn);
         *ctx.model_s.entry(kind).or_default() += t.elapsed().as_secs_f64();
         for (&pos, res) in ok.iter().zip(results) {

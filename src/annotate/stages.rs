@@ -13,8 +13,7 @@ use image::RgbImage;
 
 use super::config::{Config, ModelSpec, StageKind};
 use crate::error::{Error, Result};
-use crate::memory::backoff::is_oom_text;
-use crate::memory::{AdaptiveBatch, BatchSetting, MemoryBudget};
+use crate::runner::{ItemRunner, MemoryBudget, MemoryFailure};
 use crate::tasks::segment::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
@@ -77,8 +76,8 @@ pub struct Tiling<'a> {
 
 /// A loaded model stage.
 pub trait Stage {
-    /// The model on tiles, `batch` tiles per forward pass.
-    fn tiling(&self, batch: usize) -> Tiling<'_>;
+    /// The model on tiles.
+    fn tiling(&self) -> Tiling<'_>;
     /// One prediction per image, in order.
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>>;
     /// Estimated activation bytes of one image in a forward pass (for `batch = "auto"`).
@@ -90,8 +89,8 @@ pub trait Stage {
 struct DepthStage(DepthEstimator);
 
 impl Stage for DepthStage {
-    fn tiling(&self, batch: usize) -> Tiling<'_> {
-        Tiling { model: Box::new(DepthTiles { est: &self.0, batch }), output: Output::Float { nodata: Some(f32::NAN) }, default: depth_default(&self.0) }
+    fn tiling(&self) -> Tiling<'_> {
+        Tiling { model: Box::new(DepthTiles { est: &self.0 }), output: Output::Float { nodata: Some(f32::NAN) }, default: depth_default(&self.0) }
     }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
         Ok(self
@@ -112,9 +111,9 @@ impl Stage for DepthStage {
 struct ChmStage(ChmEstimator);
 
 impl Stage for ChmStage {
-    fn tiling(&self, batch: usize) -> Tiling<'_> {
+    fn tiling(&self) -> Tiling<'_> {
         // Heights where the source is no-data get its GDAL_NODATA value, as `edgerun chm` writes them.
-        Tiling { model: Box::new(ChmTiles { est: &self.0, batch }), output: Output::Float { nodata: None }, default: CHM_DEFAULT }
+        Tiling { model: Box::new(ChmTiles { est: &self.0 }), output: Output::Float { nodata: None }, default: CHM_DEFAULT }
     }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
         let labels: Vec<String> = (0..images.len()).map(|i| format!("image {i} of the batch")).collect();
@@ -139,7 +138,7 @@ struct SegStage {
 }
 
 impl Stage for SegStage {
-    fn tiling(&self, _batch: usize) -> Tiling<'_> {
+    fn tiling(&self) -> Tiling<'_> {
         let output = Output::Classes { lut: self.classes.map.lut.clone(), description: Some(self.classes.metadata.clone()) };
         Tiling { model: Box::new(SegTiles { seg: &self.seg }), output, default: seg_default(&self.seg) }
     }
@@ -226,47 +225,40 @@ pub struct ModelChain {
     kind: StageKind,
     specs: Vec<ModelSpec>,
     slots: Vec<Slot>,
-    /// The first working model's batch, planned and backed off (per chain, across chunks).
-    batch: Option<(usize, MemoryBudget, AdaptiveBatch)>,
+    /// The first working model's runner (per chain, across chunks): its index and the runner.
+    runner: Option<(usize, ItemRunner)>,
 }
 
-/// The batch cap for `images` on the first working model `m`: fixed, or its memory budget over the
-/// largest per-image estimate; logs the plan when it changes.
-#[allow(clippy::too_many_arguments)]
-fn plan(
-    state: &mut Option<(usize, MemoryBudget, AdaptiveBatch)>,
-    m: usize,
-    stage: &dyn Stage,
-    images: &[&RgbImage],
-    cfg: &Config,
-    warn: &mut dyn FnMut(String),
-    stage_name: &str,
-) -> usize {
-    let fresh = state.as_ref().is_none_or(|(model, _, _)| *model != m);
-    let budget = match state.as_ref() {
-        Some((_, b, _)) if !fresh => *b,
-        // The budget is measured once per model, after it has loaded.
-        _ => MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget::FALLBACK),
-    };
-    let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
-    let cap = match (cfg.batch, worst) {
-        (BatchSetting::Fixed(n), _) => n,
-        (BatchSetting::Auto, Some(w)) => budget.batch_for(BatchSetting::Auto, w).min(cfg.chunk_len()),
-        (BatchSetting::Auto, None) => 1,
-    };
-    let old_cap = if fresh { None } else { state.as_ref().map(|(_, _, a)| a.cap()) };
-    if fresh {
-        *state = Some((m, budget, AdaptiveBatch::new(cap)));
+/// A runner for model `stage` of a stage: the budget is measured once per model, after it has loaded.
+pub fn stage_runner(cfg: &Config, stage: &dyn Stage) -> ItemRunner {
+    ItemRunner::new(cfg.batch, MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget::FALLBACK))
+}
+
+/// Why a stage's model failed on a batch.
+#[derive(Debug)]
+enum StageFailure {
+    /// It returned an error.
+    Failed(Error),
+    /// It panicked (the message).
+    Panicked(String),
+    /// It returned results that do not fit the images.
+    Misfit(String),
+}
+
+impl std::fmt::Display for StageFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StageFailure::Failed(e) => write!(f, "{e}"),
+            StageFailure::Panicked(m) => write!(f, "panicked: {m}"),
+            StageFailure::Misfit(m) => f.write_str(m),
+        }
     }
-    if old_cap != Some(cap) && cfg.batch == BatchSetting::Auto {
-        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-        warn(format!(
-            "{stage_name}: batch auto: up to {cap} per pass (budget {:.0} MiB, about {:.0} MiB per image)",
-            mib(budget.bytes),
-            mib(worst.unwrap_or(0))
-        ));
+}
+
+impl MemoryFailure for StageFailure {
+    fn is_out_of_memory(&self) -> bool {
+        matches!(self, StageFailure::Failed(e) if e.is_out_of_memory())
     }
-    cap
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
@@ -279,16 +271,16 @@ fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// Runs a stage, turning errors, panics and wrong result counts or sizes into an error message.
-fn guarded(stage: &dyn Stage, images: &[&RgbImage]) -> std::result::Result<Vec<Prediction>, String> {
-    let r = catch_unwind(AssertUnwindSafe(|| stage.predict(images))).map_err(|p| format!("panicked: {}", panic_message(p)))?;
-    let preds = r.map_err(|e| e.to_string())?;
+/// Runs a stage, turning errors, panics and wrong result counts or sizes into a [`StageFailure`].
+fn guarded(stage: &dyn Stage, images: &[&RgbImage]) -> std::result::Result<Vec<Prediction>, StageFailure> {
+    let r = catch_unwind(AssertUnwindSafe(|| stage.predict(images))).map_err(|p| StageFailure::Panicked(panic_message(p)))?;
+    let preds = r.map_err(StageFailure::Failed)?;
     if preds.len() != images.len() {
-        return Err(format!("returned {} results for {} images", preds.len(), images.len()));
+        return Err(StageFailure::Misfit(format!("returned {} results for {} images", preds.len(), images.len())));
     }
     for (p, im) in preds.iter().zip(images) {
         if p.size() != (im.height() as usize, im.width() as usize) {
-            return Err(format!("returned a {:?} map for a {}×{} image", p.size(), im.width(), im.height()));
+            return Err(StageFailure::Misfit(format!("returned a {:?} map for a {}×{} image", p.size(), im.width(), im.height())));
         }
     }
     Ok(preds)
@@ -299,7 +291,7 @@ impl ModelChain {
     pub fn new(kind: StageKind, cfg: &Config) -> Result<Self> {
         let specs = cfg.model_chain(kind)?;
         let slots = specs.iter().map(|_| Slot::Unloaded).collect();
-        Ok(ModelChain { kind, specs, slots, batch: None })
+        Ok(ModelChain { kind, specs, slots, runner: None })
     }
 
     /// The stage.
@@ -393,14 +385,16 @@ impl ModelChain {
             if first {
                 first = false;
                 let stage_name = self.kind.name();
-                let planned = plan(&mut self.batch, m, stage.as_ref(), images, cfg, warn, stage_name);
-                let Some((_, _, adaptive)) = self.batch.as_mut() else { continue };
-                adaptive.set_cap(planned);
-                let results = adaptive.run(
+                if self.runner.as_ref().is_none_or(|(model, _)| *model != m) {
+                    self.runner = Some((m, stage_runner(cfg, stage.as_ref())));
+                }
+                let Some((_, runner)) = self.runner.as_mut() else { continue };
+                let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
+                runner.plan(worst, cfg.chunk_len(), &mut |msg| warn(format!("{stage_name}: {msg}")));
+                let results = runner.run(
                     &todo,
                     Some(stage.device()),
-                    |e: &String| is_oom_text(e),
-                    |got, want| format!("returned {got} results for {want} images"),
+                    |got, want| StageFailure::Misfit(format!("returned {got} results for {want} images")),
                     &mut |msg| warn(format!("{stage_name}: {msg}")),
                     |idx| guarded(stage.as_ref(), &idx.iter().map(|&i| images[i]).collect::<Vec<_>>()),
                 );

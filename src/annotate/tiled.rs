@@ -12,12 +12,11 @@ use image::RgbImage;
 use super::config::{Config, StageKind};
 use super::journal::{Journal, Status};
 use super::layout::{output_rel, OutputKind};
-use super::progress::{Failure, StageSummary};
+use super::summary::{Failure, StageSummary};
 use super::scheduler::{record, ItemInfo};
-use super::stages::{Devices, ModelChain};
+use super::stages::{stage_runner, Devices, ModelChain};
 use crate::error::Result;
 use crate::imageio::ImageLimits;
-use crate::memory::{BatchSetting, MemoryBudget};
 use crate::tiling::{decide, tile_file, wants_tiles, TilingOptions};
 
 /// One input's stage to run in tiles.
@@ -99,26 +98,20 @@ pub fn run_tiled(
                 let stage_name = w.stage.name();
                 chain
                     .first_success(x.cfg, devices, &mut |m| log(m), |stage| {
-                        let probe = stage.tiling(1);
-                        let (tile, overlap) = decide(&path, x.cfg.tile_request(w.stage), probe.default, &limits)?.unwrap_or(probe.default);
+                        let tiling = stage.tiling();
+                        let (tile, overlap) = decide(&path, x.cfg.tile_request(w.stage), tiling.default, &limits)?.unwrap_or(tiling.default);
                         let per_tile = stage.activation_bytes(&RgbImage::new(tile as u32, tile as u32));
-                        let batch = match (x.cfg.batch, per_tile) {
-                            (BatchSetting::Fixed(n), _) => n,
-                            (BatchSetting::Auto, None) => 1,
-                            (BatchSetting::Auto, Some(b)) => MemoryBudget::resolve(x.cfg.mem_budget_mb, stage.device())
-                                .unwrap_or(MemoryBudget::FALLBACK)
-                                .batch_for(BatchSetting::Auto, b),
-                        };
-                        let tiling = stage.tiling(batch);
-                        let mut opts = TilingOptions::new(tile, overlap);
-                        opts.batch = batch;
+                        let mut runner = stage_runner(x.cfg, stage);
+                        let mut note = |m: String| super::log(&format!("{stage_name}: {m}"));
+                        let batch = runner.plan(per_tile, usize::MAX, &mut note);
+                        let opts = TilingOptions::new(tile, overlap);
                         let mut progress = |done: usize, total: usize| {
                             if verbose && last.elapsed() >= Duration::from_secs(10) {
                                 last = Instant::now();
-                                super::progress::log(&format!("{stage_name}: {name}: {done}/{total} tiles"));
+                                super::log(&format!("{stage_name}: {name}: {done}/{total} tiles"));
                             }
                         };
-                        let s = tile_file(&path, &dest, tiling.model.as_ref(), &tiling.output, &opts, &limits, &mut progress)?;
+                        let s = tile_file(&path, &dest, tiling.model.as_ref(), &tiling.output, &opts, &limits, &mut runner, &mut note, &mut progress)?;
                         Ok(format!(
                             "{stage_name}: {name}: {}×{} px in {} tiles of {tile} px (overlap {overlap}, {batch} per pass), {:.1} s → {rel}",
                             s.size.0, s.size.1, s.tiles, s.seconds

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::annotate::{self, Config, Fingerprint, RunOptions, Shard, StageKind};
-use edgerun::memory::BatchSetting;
+use edgerun::runner::BatchSetting;
 
 use super::common::{outln, usage, UsageError};
 

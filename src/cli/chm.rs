@@ -6,7 +6,7 @@ use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
 use edgerun::imageio::{write_npy_f16, ImageLimits};
-use edgerun::memory::{BatchSetting, MemoryBudget};
+use edgerun::runner::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
@@ -15,7 +15,7 @@ use edgerun::tiling::Output;
 use image::RgbImage;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
@@ -129,11 +129,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         |it, loaded, m| match (loaded, m) {
             (Loaded::Image(img), Some(m)) => write_outputs(&a, it, img, &m),
             (Loaded::Tiled(t, o), _) => {
-                let batch = tile_batch(&spec, est.activation_bytes(&RgbImage::new(*t as u32, *t as u32)));
-                let model = ChmTiles { est: &est, batch };
+                let per_tile = est.activation_bytes(&RgbImage::new(*t as u32, *t as u32));
                 // Heights where the source is no-data get its GDAL_NODATA value, as untiled.
                 let output = Output::Float { nodata: None };
-                tiled::run(&spec, &a.out, it, ".chm.tif", &model, &output, (*t, *o), batch)
+                tiled::run(&spec, &a.out, it, ".chm.tif", &ChmTiles { est: &est }, &output, (*t, *o), per_tile)
                     .with_context(|| format!("tiled canopy height failed ({})", precision_name(precision)))
             }
             (Loaded::Image(_), None) => anyhow::bail!("no canopy height for an image (a bug)"),

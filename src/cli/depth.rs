@@ -6,7 +6,7 @@ use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
 use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
-use edgerun::memory::{BatchSetting, MemoryBudget};
+use edgerun::runner::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::da3::SKY_THRESHOLD;
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
@@ -14,7 +14,7 @@ use edgerun::tasks::tiles::{depth_default, DepthTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
@@ -145,8 +145,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             (Loaded::Image(_), Some(p)) => write_outputs(&a, it, &compute_outputs(&a, p)?),
             (Loaded::Tiled(t, o), _) => {
                 let output = Output::Float { nodata: Some(f32::NAN) };
-                let batch = tile_batch(&spec, est.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32)));
-                tiled::run(&spec, &a.out, it, ".depth.tif", &DepthTiles { est: &est, batch }, &output, (*t, *o), batch)
+                let per_tile = est.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32));
+                tiled::run(&spec, &a.out, it, ".depth.tif", &DepthTiles { est: &est }, &output, (*t, *o), per_tile)
             }
             (Loaded::Image(_), None) => anyhow::bail!("no depth for an image (a bug)"),
         },

@@ -6,7 +6,7 @@ use candle_core::{Device, Tensor};
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::{colormap::colorize, npy::read_npy_2d, write_npy_f16, write_png_rgb8};
 use edgerun::inputs::collect_inputs;
-use edgerun::memory::{BatchSetting, MemoryBudget};
+use edgerun::runner::{BatchSetting, MemoryBudget};
 
 use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 

@@ -148,7 +148,7 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
                 Error::BadFile { .. } | Error::BadTensor { .. } | Error::Config(_) | Error::Input(_) => 2,
                 Error::Device(_) => 3,
                 Error::Io { .. } => 4,
-                Error::Candle(_) => 1,
+                Error::Candle(_) | Error::OutOfMemory(_) => 1,
             };
         }
         if cause.downcast_ref::<common::UsageError>().is_some() {

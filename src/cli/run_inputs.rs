@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use candle_core::Device;
 use edgerun::inputs::InputItem;
-use edgerun::memory::{is_out_of_memory, AdaptiveBatch, BatchSetting, MemoryBudget};
+use edgerun::runner::{BatchSetting, ItemRunner, MemoryBudget, MemoryFailure};
 use edgerun::progress::{log, Mode, Progress};
 
 use super::common::UsageError;
@@ -40,15 +40,6 @@ pub fn output_path(out: &Path, item: &InputItem, suffix: &str) -> anyhow::Result
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create output directory {}", dir.display()))?;
     }
     Ok(p)
-}
-
-/// Tiles per forward pass for a tiled input: `--batch N`, or under `auto` the budget over the
-/// model's estimate for one tile (`per_tile`).
-pub fn tile_batch(spec: &RunSpec, per_tile: Option<u64>) -> usize {
-    match spec.batch {
-        BatchSetting::Fixed(n) => n,
-        BatchSetting::Auto => per_tile.map_or(1, |b| spec.budget.batch_for(BatchSetting::Auto, b)),
-    }
 }
 
 /// Creates the output directory.
@@ -104,15 +95,26 @@ impl Tally {
     }
 }
 
-/// Whether `e` (however wrapped) is a device running out of memory.
-fn is_oom(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<edgerun::Error>().is_some_and(is_out_of_memory))
+/// A failed pass or item as the runner sees it: whether a device ran out of memory, however wrapped.
+struct Failed(anyhow::Error);
+
+impl MemoryFailure for Failed {
+    fn is_out_of_memory(&self) -> bool {
+        self.0.chain().any(|c| c.downcast_ref::<edgerun::Error>().is_some_and(MemoryFailure::is_out_of_memory))
+    }
+}
+
+impl RunSpec {
+    /// A runner for this command's `--batch` and budget.
+    pub fn runner(&self) -> ItemRunner {
+        ItemRunner::new(self.batch, self.budget)
+    }
 }
 
 /// Runs `items` through `load` (per item: decoding), `predict` (per batch of loaded items) and
 /// `write` (per item). Batches are planned from `size(loaded item)` (estimated activation bytes;
 /// `None`: one item per pass under `--batch auto`) and back off when a pass runs out of memory
-/// ([`AdaptiveBatch`]). A failed load or write fails that item; a failed batch is retried item by
+/// ([`ItemRunner`]). A failed load or write fails that item; a failed batch is retried item by
 /// item so that one bad input does not fail its neighbours. A device error or an I/O error while
 /// writing (a full disk) ends the run.
 pub fn run_items<L, P>(
@@ -129,20 +131,16 @@ pub fn run_items<L, P>(
     let start = Instant::now();
     let progress = Progress::new(spec.command, spec.progress, items.len(), Duration::from_secs(10));
     let mut t = Tally { command: spec.command, fail_fast: spec.fail_fast, progress, done: 0, failed: Vec::new() };
-    let mut adaptive: Option<AdaptiveBatch> = None;
+    let mut runner = spec.runner();
     let mut loaded: Vec<(&InputItem, L)> = Vec::new();
     // The most bytes one loaded item needs; the planned batch is the budget over it.
     let mut worst = 0u64;
-    let planned = |worst: u64| match spec.batch {
-        BatchSetting::Fixed(n) => n,
-        BatchSetting::Auto if worst == 0 => 1,
-        BatchSetting::Auto => spec.budget.batch_for(BatchSetting::Auto, worst),
-    };
+    let command = spec.command;
     let mut next = items.iter().peekable();
     while next.peek().is_some() || !loaded.is_empty() {
         // Load until the batch the loaded items allow is full (or the inputs run out).
         while let Some(item) = next.peek().copied() {
-            if !loaded.is_empty() && loaded.len() >= planned(worst) {
+            if !loaded.is_empty() && loaded.len() >= runner.cap_for(Some(worst), usize::MAX) {
                 break;
             }
             next.next();
@@ -161,35 +159,23 @@ pub fn run_items<L, P>(
         if loaded.is_empty() {
             continue;
         }
-        let cap = planned(worst);
-        let fresh = adaptive.is_none();
-        let a = adaptive.get_or_insert_with(|| AdaptiveBatch::new(cap));
-        if fresh || a.cap() != cap {
-            if spec.batch == BatchSetting::Auto {
-                let per = worst as f64 / f64::from(1u32 << 20);
-                let budget = spec.budget.bytes as f64 / f64::from(1u32 << 20);
-                log(spec.command, &format!("batch auto: up to {cap} per pass (budget {budget:.0} MiB, about {per:.0} MiB per image)"));
-            }
-            a.set_cap(cap);
-        }
+        runner.plan(Some(worst), usize::MAX, &mut |m| log(command, &m));
         let batch: Vec<(&InputItem, L)> = loaded.drain(..).collect();
         worst = 0;
         let indices: Vec<usize> = (0..batch.len()).collect();
-        let command = spec.command;
-        let results = a.run(
+        let results = runner.run(
             &indices,
             Some(&spec.device),
-            is_oom,
-            |got, want| anyhow::anyhow!("{command}: {got} results for {want} inputs (a bug)"),
+            |got, want| Failed(anyhow::anyhow!("{command}: {got} results for {want} inputs (a bug)")),
             &mut |m| log(command, &m),
             |idx| {
                 let its: Vec<&InputItem> = idx.iter().map(|&i| batch[i].0).collect();
                 let data: Vec<&L> = idx.iter().map(|&i| &batch[i].1).collect();
-                predict(&its, &data)
+                predict(&its, &data).map_err(Failed)
             },
         );
         for ((it, l), r) in batch.iter().zip(results) {
-            match r.and_then(|p| write(it, l, p)) {
+            match r.map_err(|f| f.0).and_then(|p| write(it, l, p)) {
                 Ok(()) => t.ok(),
                 // A device or disk failure would fail every later item the same way.
                 Err(e) if matches!(super::exit_code(&e), 3 | 4) => return Err(e.context(format!("{} stopped at {}", spec.command, it.path.display()))),

@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
-use edgerun::memory::{BatchSetting, MemoryBudget};
+use edgerun::runner::{BatchSetting, MemoryBudget};
 use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
 use edgerun::tasks::segment::{ClassMap, Segmenter};
 use edgerun::tasks::tiles::{seg_default, SegTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, tile_batch, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids), mirroring the input tree under --out.
@@ -117,8 +117,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let (img, ids) = match (loaded, ids) {
                 (Loaded::Image(img), Some(ids)) => (img, ids),
                 (Loaded::Tiled(t, o), _) => {
-                    let batch = tile_batch(&spec, seg.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32)));
-                    return tiled::run(&spec, &a.out, it, ".seg.tif", &SegTiles { seg: &seg }, &tiled_output, (*t, *o), batch);
+                    let per_tile = seg.activation_bytes(&image::RgbImage::new(*t as u32, *t as u32));
+                    return tiled::run(&spec, &a.out, it, ".seg.tif", &SegTiles { seg: &seg }, &tiled_output, (*t, *o), per_tile);
                 }
                 (Loaded::Image(_), None) => anyhow::bail!("no classes for an image (a bug)"),
             };

@@ -43,8 +43,8 @@ pub fn predict_images<P>(loaded: &[&Loaded], predict: impl FnOnce(&[&RgbImage]) 
     loaded.iter().map(|l| Ok(if matches!(l, Loaded::Image(_)) { Some(out.next().context("no result for an image")?) } else { None })).collect()
 }
 
-/// Runs one input in `(tile, overlap)` tiles, `batch` per forward pass, into
-/// `OUT/<stem><suffix>`, logging progress every 10 s (unless `--progress none`) and a summary line.
+/// Runs one input in `(tile, overlap)` tiles, as many per forward pass as `--batch` and the
+/// model's estimate for one tile (`per_tile`) allow, into `OUT/<stem><suffix>`, logging progress every 10 s (unless `--progress none`) and a summary line.
 pub fn run(
     spec: &RunSpec,
     out: &std::path::Path,
@@ -53,12 +53,13 @@ pub fn run(
     model: &dyn TileModel,
     output: &Output,
     (tile, overlap): (usize, usize),
-    batch: usize,
+    per_tile: Option<u64>,
 ) -> anyhow::Result<()> {
     let command = spec.command;
     let dest = output_path(out, it, suffix)?;
-    let mut opts = TilingOptions::new(tile, overlap);
-    opts.batch = batch;
+    let opts = TilingOptions::new(tile, overlap);
+    let mut runner = spec.runner();
+    runner.plan(per_tile, usize::MAX, &mut |m| log(command, &m));
     let mut last = Instant::now();
     let name = it.path.display().to_string();
     let quiet = spec.progress == Mode::None;
@@ -68,7 +69,7 @@ pub fn run(
             log(command, &format!("{name}: {done}/{total} tiles"));
         }
     };
-    let s = tile_file(&it.path, &dest, model, output, &opts, &ImageLimits::default(), &mut progress)?;
+    let s = tile_file(&it.path, &dest, model, output, &opts, &ImageLimits::default(), &mut runner, &mut |m| log(command, &m), &mut progress)?;
     log(
         command,
         &format!(

@@ -9,7 +9,7 @@ use super::batch::group_by_key;
 use super::depth::DepthMap;
 use super::Task;
 use crate::error::{Error, Result};
-use crate::memory::backoff::check_injected_oom;
+use crate::runner::check_injected_oom;
 use crate::models::chmv2::{Chmv2, Chmv2Processor, Config, Precision};
 use crate::models::footprint::Footprint;
 use crate::models::Checkpoint;

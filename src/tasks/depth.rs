@@ -10,7 +10,7 @@ use image::RgbImage;
 use super::batch::group_by_key;
 use super::Task;
 use crate::error::{Error, Result};
-use crate::memory::backoff::check_injected_oom;
+use crate::runner::check_injected_oom;
 use crate::models::da3::{replace_sky_depth, scale_to_metric};
 use crate::models::footprint::Footprint;
 use crate::models::processor::ImageProcessor;

@@ -366,7 +366,7 @@ impl Segmenter {
             groups.entry(self.processor.input_size(img.width(), img.height())).or_default().push(i);
         }
         for idx in groups.values() {
-            crate::memory::backoff::check_injected_oom(idx.len())?;
+            crate::runner::check_injected_oom(idx.len())?;
             let xs = idx.iter().map(|&i| self.processor.apply(images[i], &device)).collect::<Result<Vec<_>>>()?;
             let batch = Tensor::stack(&xs, 0)?;
             let logits = crate::device::on_pool_worker(&device, || self.model.forward(&batch))?;

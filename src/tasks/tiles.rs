@@ -24,8 +24,6 @@ pub const SEG_OVERLAP: usize = 64;
 pub struct ChmTiles<'a> {
     /// The model.
     pub est: &'a ChmEstimator,
-    /// Tiles per forward pass.
-    pub batch: usize,
 }
 
 impl TileModel for ChmTiles<'_> {
@@ -38,7 +36,11 @@ impl TileModel for ChmTiles<'_> {
     }
 
     fn predict(&self, tiles: &[&RgbImage], labels: &[String]) -> Result<Vec<TileMap>> {
-        self.est.predict(tiles, labels, self.batch)?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+        self.est.predict(tiles, labels, tiles.len())?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+    }
+
+    fn device(&self) -> Option<&Device> {
+        Some(self.est.device())
     }
 }
 
@@ -46,8 +48,6 @@ impl TileModel for ChmTiles<'_> {
 pub struct DepthTiles<'a> {
     /// The model.
     pub est: &'a DepthEstimator,
-    /// Tiles per forward pass.
-    pub batch: usize,
 }
 
 impl TileModel for DepthTiles<'_> {
@@ -64,7 +64,11 @@ impl TileModel for DepthTiles<'_> {
     }
 
     fn predict(&self, tiles: &[&RgbImage], _labels: &[String]) -> Result<Vec<TileMap>> {
-        self.est.predict(tiles, self.batch)?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+        self.est.predict(tiles, tiles.len())?.into_iter().map(|m| TileMap::dense(m.height, m.width, m.values)).collect()
+    }
+
+    fn device(&self) -> Option<&Device> {
+        Some(self.est.device())
     }
 }
 
@@ -104,6 +108,10 @@ impl TileModel for SegTiles<'_> {
                 Ok(TileMap::Logits { channels, lh, lw, values, height: img.height() as usize, width: img.width() as usize })
             })
             .collect()
+    }
+
+    fn device(&self) -> Option<&Device> {
+        Some(self.seg.device())
     }
 }
 

@@ -1,7 +1,8 @@
 //! Tiled inference of rasters larger than a model's working size (orthomosaics of 10k² pixels and
 //! more): read window by window, run as overlapping tiles in batches, blend with smooth weights,
-//! write a tiled (Big)GeoTIFF block by block. Memory is bounded by the tile batch and a column
-//! stripe of at most [`TilingOptions::max_stripe`] pixels, not by the raster. See `docs/tiling.md`.
+//! write a tiled (Big)GeoTIFF block by block. Memory is bounded by the tile batch (planned and
+//! backed off by [`crate::runner::ItemRunner`]) and a column stripe of at most
+//! [`TilingOptions::max_stripe`] pixels, not by the raster. See `docs/tiling.md`.
 pub mod align;
 pub mod auto;
 pub mod blend;
@@ -41,6 +42,10 @@ pub trait TileModel {
     fn combine(&self) -> Combine;
     /// One map per tile crop, at the crop's resolution; `labels` name the tiles in errors.
     fn predict(&self, tiles: &[&RgbImage], labels: &[String]) -> Result<Vec<TileMap>>;
+    /// The device the model runs on (synchronised after it runs out of memory), if it has one.
+    fn device(&self) -> Option<&candle_core::Device> {
+        None
+    }
 }
 
 /// Tiling settings.
@@ -50,8 +55,6 @@ pub struct TilingOptions {
     pub tile: usize,
     /// Minimum overlap between neighbouring tiles in pixels (at most half the tile).
     pub overlap: usize,
-    /// Tiles per forward pass.
-    pub batch: usize,
     /// Widest column stripe processed at once (pixels; rounded to whole output blocks).
     pub max_stripe: usize,
     /// Output format.
@@ -59,9 +62,9 @@ pub struct TilingOptions {
 }
 
 impl TilingOptions {
-    /// `tile` / `overlap` with the default batch (1), stripe (4096 px) and writer settings.
+    /// `tile` / `overlap` with the default stripe (4096 px) and writer settings.
     pub fn new(tile: usize, overlap: usize) -> Self {
-        TilingOptions { tile, overlap, batch: 1, max_stripe: DEFAULT_MAX_STRIPE, writer: WriterOptions::default() }
+        TilingOptions { tile, overlap, max_stripe: DEFAULT_MAX_STRIPE, writer: WriterOptions::default() }
     }
 }
 

@@ -20,6 +20,7 @@ use super::{Combine, TileModel, TilingOptions};
 use crate::error::{Error, Result};
 use crate::geotiff::GeoReference;
 use crate::imageio::ImageLimits;
+use crate::runner::ItemRunner;
 
 /// What a tiled run did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -45,7 +46,10 @@ struct TileRow {
 }
 
 /// Runs `model` over `src` in tiles and writes `dest` (a tiled GeoTIFF carrying `geo`; GDAL_NODATA
-/// when the source marks no-data). `progress(done, total)` is called after each batch.
+/// when the source marks no-data). Each tile row runs through `runner` (its planned batch, halved
+/// when a pass runs out of memory; `log` gets each change). `progress(done, total)` is called after
+/// each tile row.
+#[allow(clippy::too_many_arguments)]
 pub fn run_tiled(
     src: &mut dyn RasterSource,
     model: &dyn TileModel,
@@ -53,6 +57,8 @@ pub fn run_tiled(
     dest: &Path,
     geo: Option<&GeoReference>,
     opts: &TilingOptions,
+    runner: &mut ItemRunner,
+    log: &mut dyn FnMut(String),
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<TiledStats> {
     let start = Instant::now();
@@ -91,8 +97,9 @@ pub fn run_tiled(
         let mut emitted = 0;
         for (r, &y) in plan.ys.iter().enumerate() {
             let window = src.read_window(Rect { x: win_x, y, w: win_w, h: plan.tile_h })?;
-            let mut maps = Vec::with_capacity(cols.len());
-            for chunk in cols.clone().collect::<Vec<_>>().chunks(opts.batch.max(1)) {
+            let row_cols: Vec<usize> = cols.clone().collect();
+            let misfit = || Error::Input(format!("{label}: the model returned maps that do not fit the {}×{} tiles", plan.tile_w, plan.tile_h));
+            let results = runner.run(&row_cols, model.device(), |_, _| misfit(), log, |chunk| {
                 let crops: Vec<RgbImage> = chunk
                     .iter()
                     .map(|&c| image::imageops::crop_imm(&window.rgb, (plan.xs[c] - win_x) as u32, 0, plan.tile_w as u32, plan.tile_h as u32).to_image())
@@ -100,13 +107,14 @@ pub fn run_tiled(
                 let refs: Vec<&RgbImage> = crops.iter().collect();
                 let labels: Vec<String> = chunk.iter().map(|&c| format!("{label} (tile at x {}, y {y})", plan.xs[c])).collect();
                 let out = model.predict(&refs, &labels)?;
-                if out.len() != chunk.len() || out.iter().any(|m| m.size() != (plan.tile_h, plan.tile_w) || m.channels() != channels) {
-                    return Err(Error::Input(format!("{label}: the model returned maps that do not fit the {}×{} tiles", plan.tile_w, plan.tile_h)));
+                if out.iter().any(|m| m.size() != (plan.tile_h, plan.tile_w) || m.channels() != channels) {
+                    return Err(misfit());
                 }
-                maps.extend(out);
-                stats.predicted += chunk.len();
-                progress(stats.predicted, total);
-            }
+                Ok(out)
+            });
+            let maps = results.into_iter().collect::<Result<Vec<_>>>()?;
+            stats.predicted += row_cols.len();
+            progress(stats.predicted, total);
             let mut row = TileRow { r, tiles: Vec::with_capacity(maps.len()) };
             for (k, (c, mut map)) in cols.clone().zip(maps).enumerate() {
                 if model.combine() == Combine::ScaleShift {
@@ -165,6 +173,8 @@ fn fit_to_neighbours(map: &super::TileMap, plan: &TilePlan, r: usize, c: usize, 
 
 /// Tiles the raster at `input` into `dest`: opens it for windowed reading (a TIFF; other formats
 /// decoded whole within `limits`), carries its georeferencing over, and marks no-data pixels.
+/// `runner`, `log` and `progress` as [`run_tiled`].
+#[allow(clippy::too_many_arguments)]
 pub fn tile_file(
     input: &Path,
     dest: &Path,
@@ -172,9 +182,11 @@ pub fn tile_file(
     output: &Output,
     opts: &TilingOptions,
     limits: &ImageLimits,
+    runner: &mut ItemRunner,
+    log: &mut dyn FnMut(String),
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<TiledStats> {
     let geo = GeoReference::read(input)?;
     let mut src = open_raster(input, limits, geo.as_ref().and_then(|g| g.nodata()))?;
-    run_tiled(src.as_mut(), model, output, dest, geo.as_ref(), opts, progress)
+    run_tiled(src.as_mut(), model, output, dest, geo.as_ref(), opts, runner, log, progress)
 }

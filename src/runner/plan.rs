@@ -2,7 +2,7 @@
 //! (`--mem-budget MiB`, else what the device can spare) and the batch they allow.
 use candle_core::Device;
 
-use super::available::available_bytes;
+use crate::memory::available_bytes;
 use crate::error::{Error, Result};
 
 /// Largest batch accepted (`--batch N`) or planned (`auto`).

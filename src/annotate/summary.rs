@@ -1,15 +1,7 @@
-//! The end-of-run summary of `annotate` (also written as `summary.json`); the progress display is
-//! the shared [`crate::progress`].
+//! The end-of-run summary of `annotate` (also written as `summary.json`).
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-
-pub use crate::progress::{Mode, Progress};
-
-/// Prints an `annotate:` line on stderr without breaking the progress bar.
-pub fn log(msg: &str) {
-    crate::progress::log("annotate", msg)
-}
 
 /// Per-stage numbers of a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -1,11 +1,12 @@
-//! Out-of-memory back-off. A forward pass that fails for lack of memory is retried on the same
-//! items with half the batch (after synchronising the device, so freed buffers are back in the
-//! pool); after [`GROW_AFTER`] passes without running out, the batch doubles again up to its cap; at
-//! batch 1 the item fails with the reason and the run goes on. No item is lost or done twice.
+//! Out-of-memory back-off. A forward pass that fails for lack of memory ([`Error::OutOfMemory`]) is
+//! retried on the same items with half the batch (after synchronising the device, so freed buffers
+//! are back in the pool); after [`GROW_AFTER`] passes without running out, the batch doubles again
+//! up to its cap; at batch 1 the item fails with the reason and the run goes on. No item is lost or
+//! done twice.
 //!
 //! A CPU allocation failure aborts the process (Rust cannot catch it), so the back-off is tested
 //! through a hook: with `EDGERUN_INJECT_OOM_ABOVE=N` set, every forward pass over more than `N`
-//! items fails with the error a CUDA device gives when it runs out of memory.
+//! items fails as a device that runs out of memory does.
 use std::sync::OnceLock;
 
 use candle_core::Device;
@@ -18,20 +19,15 @@ pub const GROW_AFTER: usize = 4;
 /// The environment variable of the injection hook.
 pub const INJECT_ENV: &str = "EDGERUN_INJECT_OOM_ABOVE";
 
-/// Texts by which device out-of-memory errors are recognised (CUDA driver, cuBLAS workspace,
-/// Metal buffer creation), whatever wraps them.
-const OOM_MARKERS: [&str; 4] = ["CUDA_ERROR_OUT_OF_MEMORY", "CUBLAS_STATUS_ALLOC_FAILED", "out of memory", "Out of memory"];
-
-/// Whether an error text says a device ran out of memory.
-pub fn is_oom_text(text: &str) -> bool {
-    OOM_MARKERS.iter().any(|m| text.contains(m))
+/// An error that may be a device running out of memory (the back-off halves the batch on one).
+pub trait MemoryFailure {
+    /// Whether it is.
+    fn is_out_of_memory(&self) -> bool;
 }
 
-/// Whether `e` is a device running out of memory (Candle errors, however wrapped).
-pub fn is_out_of_memory(e: &Error) -> bool {
-    match e {
-        Error::Candle(c) => is_oom_text(&Error::candle_message(c)),
-        _ => false,
+impl MemoryFailure for Error {
+    fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory(_))
     }
 }
 
@@ -43,9 +39,9 @@ fn inject_limit() -> Option<usize> {
 /// The injection hook: call before every forward pass over `items` items.
 pub fn check_injected_oom(items: usize) -> Result<()> {
     match inject_limit() {
-        Some(limit) if items > limit => Err(Error::Candle(candle_core::Error::Msg(format!(
+        Some(limit) if items > limit => Err(Error::OutOfMemory(format!(
             "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\") (injected: a forward pass over {items} items, {INJECT_ENV}={limit})"
-        )))),
+        ))),
         _ => Ok(()),
     }
 }
@@ -82,15 +78,13 @@ impl AdaptiveBatch {
     }
 
     /// Runs `items` through `f` in passes of at most [`current`](Self::current) items and returns
-    /// one result per item, in order. `is_oom` tells a memory failure; `device` is synchronised after
-    /// one; `log` gets every batch change. A pass that fails for another reason is retried item by
+    /// one result per item, in order. `device` is synchronised after a memory failure; `log` gets every batch change. A pass that fails for another reason is retried item by
     /// item, so one bad item does not fail its neighbours. `f` must return one result per item
     /// (`wrong_count` makes the error when it does not).
-    pub fn run<T, R, E>(
+    pub fn run<T, R, E: MemoryFailure>(
         &mut self,
         items: &[T],
         device: Option<&Device>,
-        is_oom: impl Fn(&E) -> bool,
         wrong_count: impl Fn(usize, usize) -> E,
         log: &mut dyn FnMut(String),
         mut f: impl FnMut(&[T]) -> std::result::Result<Vec<R>, E>,
@@ -121,7 +115,7 @@ impl AdaptiveBatch {
                     out.extend((0..n).map(|_| Err(wrong_count(rs.len(), n))));
                     start += n;
                 }
-                Err(e) if is_oom(&e) && n > 1 => {
+                Err(e) if e.is_out_of_memory() && n > 1 => {
                     let halved = (n / 2).max(1);
                     log(format!("out of memory on a batch of {n}: batch {n} → {halved}, retrying the same items"));
                     self.current = halved;
@@ -129,7 +123,7 @@ impl AdaptiveBatch {
                     sync();
                 }
                 Err(e) if n == 1 => {
-                    if is_oom(&e) {
+                    if e.is_out_of_memory() {
                         log("out of memory at batch 1: the item is recorded as failed".into());
                         self.streak = 0;
                         sync();
@@ -143,7 +137,7 @@ impl AdaptiveBatch {
                             (Some(x), true) => Ok(x),
                             (x, _) => Err(wrong_count(r.len() + usize::from(x.is_some()), 1)),
                         });
-                        if r.as_ref().err().is_some_and(&is_oom) {
+                        if r.as_ref().err().is_some_and(MemoryFailure::is_out_of_memory) {
                             sync();
                         }
                         out.push(r);
@@ -160,28 +154,37 @@ impl AdaptiveBatch {
 mod tests {
     use super::*;
 
-    fn oom() -> String {
-        "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into()
+    /// A test error: out of memory, or another failure.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Fail {
+        Oom,
+        Bad(String),
+    }
+
+    impl MemoryFailure for Fail {
+        fn is_out_of_memory(&self) -> bool {
+            *self == Fail::Oom
+        }
     }
 
     /// A pass fails for lack of memory above `limit` items; the item 999 is a bad input.
-    fn model(limit: usize, calls: &mut Vec<Vec<u32>>) -> impl FnMut(&[u32]) -> std::result::Result<Vec<u32>, String> + '_ {
+    fn model(limit: usize, calls: &mut Vec<Vec<u32>>) -> impl FnMut(&[u32]) -> std::result::Result<Vec<u32>, Fail> + '_ {
         move |xs: &[u32]| {
             calls.push(xs.to_vec());
             if xs.len() > limit {
-                return Err(oom());
+                return Err(Fail::Oom);
             }
             if xs.contains(&999) {
-                return Err("bad item 999".into());
+                return Err(Fail::Bad("bad item 999".into()));
             }
             Ok(xs.iter().map(|x| x * 10).collect())
         }
     }
 
-    fn run(b: &mut AdaptiveBatch, items: &[u32], limit: usize) -> (Vec<std::result::Result<u32, String>>, Vec<Vec<u32>>, Vec<String>) {
+    fn run(b: &mut AdaptiveBatch, items: &[u32], limit: usize) -> (Vec<std::result::Result<u32, Fail>>, Vec<Vec<u32>>, Vec<String>) {
         let mut calls = Vec::new();
         let mut logs = Vec::new();
-        let r = b.run(items, None, |e: &String| is_oom_text(e), |g, w| format!("{g} for {w}"), &mut |m| logs.push(m), model(limit, &mut calls));
+        let r = b.run(items, None, |g, w| Fail::Bad(format!("{g} for {w}")), &mut |m| logs.push(m), model(limit, &mut calls));
         (r, calls, logs)
     }
 
@@ -219,7 +222,7 @@ mod tests {
     fn fails_an_item_at_batch_one_and_goes_on() {
         let mut b = AdaptiveBatch::new(4);
         let (r, _, logs) = run(&mut b, &[1, 2, 3], 0);
-        assert!(r.iter().all(|x| x.as_ref().is_err_and(|e| is_oom_text(e))), "{r:?}");
+        assert!(r.iter().all(|x| x.as_ref().is_err_and(MemoryFailure::is_out_of_memory)), "{r:?}");
         assert!(logs.iter().any(|l| l.contains("recorded as failed")));
     }
 
@@ -227,16 +230,18 @@ mod tests {
     fn a_bad_item_fails_alone_without_changing_the_batch() {
         let mut b = AdaptiveBatch::new(4);
         let (r, _, logs) = run(&mut b, &[11, 12, 999, 14, 15], 10);
-        assert_eq!(r, vec![Ok(110), Ok(120), Err("bad item 999".into()), Ok(140), Ok(150)]);
+        assert_eq!(r, vec![Ok(110), Ok(120), Err(Fail::Bad("bad item 999".into())), Ok(140), Ok(150)]);
         assert_eq!(b.current(), 4);
         assert!(logs.is_empty(), "{logs:?}");
     }
 
     #[test]
-    fn candle_oom_errors_are_recognised_through_wrapping() {
-        let e = Error::Candle(candle_core::Error::Msg(oom()).context("in the backbone"));
-        assert!(is_out_of_memory(&e));
-        assert!(!is_out_of_memory(&Error::Input("out of memory".into())));
-        assert!(!is_out_of_memory(&Error::Candle(candle_core::Error::Msg("shape mismatch".into()))));
+    fn candle_oom_errors_become_out_of_memory_through_wrapping() {
+        let oom = candle_core::Error::Msg("DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into());
+        assert!(Error::from(oom.context("in the backbone")).is_out_of_memory());
+        assert!(Error::from(candle_core::Error::Msg("CUBLAS_STATUS_ALLOC_FAILED".into())).is_out_of_memory());
+        assert!(!Error::Input("out of memory".into()).is_out_of_memory());
+        assert!(!Error::from(candle_core::Error::Msg("shape mismatch".into())).is_out_of_memory());
+        assert!(check_injected_oom(0).is_ok());
     }
 }
