@@ -7,38 +7,38 @@
 use crate::error::{Error, Result};
 
 /// Largest patch size (ViT patch embedding, SegFormer patch kernel).
-pub const MAX_PATCH: usize = 64;
+pub(crate) const MAX_PATCH: usize = 64;
 /// Largest token width or channel count of a layer.
-pub const MAX_WIDTH: usize = 16_384;
+pub(crate) const MAX_WIDTH: usize = 16_384;
 /// Largest MLP hidden width.
-pub const MAX_MLP_WIDTH: usize = 4 * MAX_WIDTH;
+pub(crate) const MAX_MLP_WIDTH: usize = 4 * MAX_WIDTH;
 /// Largest number of input channels of an image model.
-pub const MAX_INPUT_CHANNELS: usize = 64;
+pub(crate) const MAX_INPUT_CHANNELS: usize = 64;
 /// Largest number of attention heads.
-pub const MAX_HEADS: usize = 1024;
+pub(crate) const MAX_HEADS: usize = 1024;
 /// Largest number of transformer blocks (or blocks per stage).
-pub const MAX_LAYERS: usize = 256;
+pub(crate) const MAX_LAYERS: usize = 256;
 /// Largest training image size or preprocessor target size, in pixels per side.
-pub const MAX_IMAGE_SIZE: usize = 8192;
+pub(crate) const MAX_IMAGE_SIZE: usize = 8192;
 /// Largest `ensure_multiple_of` / `size_divisor`.
-pub const MAX_MULTIPLE: usize = 1024;
+pub(crate) const MAX_MULTIPLE: usize = 1024;
 /// Largest MLP ratio (MLP width / token width).
-pub const MAX_RATIO: f64 = 64.0;
+pub(crate) const MAX_RATIO: f64 = 64.0;
 /// Largest number of output classes or depth bins.
-pub const MAX_CLASSES: usize = 65_536;
+pub(crate) const MAX_CLASSES: usize = 65_536;
 /// Largest number of pyramid levels of a DPT neck or SegFormer encoder.
-pub const MAX_LEVELS: usize = 8;
+pub(crate) const MAX_LEVELS: usize = 8;
 /// Largest DPT reassemble factor (and largest inverse of one below 1).
-pub const MAX_REASSEMBLE: f64 = 16.0;
+pub(crate) const MAX_REASSEMBLE: f64 = 16.0;
 /// Largest depth or height value a config may scale outputs to (`max_depth`, metres or units).
-pub const MAX_DEPTH_VALUE: f64 = 1e6;
+pub(crate) const MAX_DEPTH_VALUE: f64 = 1e6;
 /// Largest network input side in pixels (after preprocessing).
 pub const MAX_INPUT_SIDE: usize = 32_768;
 /// Largest network input in pixels (after preprocessing): 16384².
-pub const MAX_INPUT_PIXELS: usize = 1 << 28;
+pub(crate) const MAX_INPUT_PIXELS: usize = 1 << 28;
 
 /// Adds the config's origin (`…/config.json`, `… (metadata edgerun.config)`) to a config error.
-pub fn in_file(origin: &str, e: Error) -> Error {
+pub(crate) fn in_file(origin: &str, e: Error) -> Error {
     match e {
         Error::Config(m) => Error::Config(format!("{origin}: {m}")),
         other => other,
@@ -48,7 +48,7 @@ pub fn in_file(origin: &str, e: Error) -> Error {
 /// The numbers of one config section; keys are named with the section's prefix
 /// (e.g. `backbone_config.patch_size`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Section<'a> {
+pub(crate) struct Section<'a> {
     prefix: &'a str,
 }
 
@@ -138,7 +138,7 @@ impl<'a> Section<'a> {
 }
 
 /// Largest absolute per-channel mean and largest std of a preprocessor's normalisation.
-pub const MAX_NORM_VALUE: f64 = 1e4;
+pub(crate) const MAX_NORM_VALUE: f64 = 1e4;
 
 impl Section<'_> {
     /// A preprocessor target size `{height, width}`, each in `1..=MAX_IMAGE_SIZE`.
@@ -149,7 +149,7 @@ impl Section<'_> {
     }
 
     /// Per-channel `image_mean` (finite, |x| ≤ MAX_NORM_VALUE) and `image_std` (positive, ≤ MAX_NORM_VALUE).
-    pub fn mean_std(&self, mean: &[f32; 3], std: &[f32; 3]) -> Result<()> {
+    pub(crate) fn mean_std(&self, mean: &[f32; 3], std: &[f32; 3]) -> Result<()> {
         for c in 0..3 {
             self.real(&format!("image_mean[{c}]"), mean[c] as f64, -MAX_NORM_VALUE, MAX_NORM_VALUE)?;
             self.positive(&format!("image_std[{c}]"), std[c] as f64, MAX_NORM_VALUE)?;
@@ -160,7 +160,7 @@ impl Section<'_> {
 
 /// A DPT reassemble factor: an integer in `2..=16` (transposed conv), 1, or `1/s` with `s` in
 /// `2..=16` (strided conv).
-pub fn check_reassemble_factor(s: &Section, key: &str, f: f64) -> Result<f64> {
+pub(crate) fn check_reassemble_factor(s: &Section, key: &str, f: f64) -> Result<f64> {
     let ok = if f >= 1.0 {
         f <= MAX_REASSEMBLE && f.fract() == 0.0
     } else {
@@ -174,18 +174,13 @@ pub fn check_reassemble_factor(s: &Section, key: &str, f: f64) -> Result<f64> {
 }
 
 /// `a · b` or an error naming `what`.
-pub fn mul(what: &str, a: usize, b: usize) -> Result<usize> {
+pub(crate) fn mul(what: &str, a: usize, b: usize) -> Result<usize> {
     a.checked_mul(b).ok_or_else(|| Error::Config(format!("{what}: {a} × {b} overflows")))
-}
-
-/// `a + b` or an error naming `what`.
-pub fn add(what: &str, a: usize, b: usize) -> Result<usize> {
-    a.checked_add(b).ok_or_else(|| Error::Config(format!("{what}: {a} + {b} overflows")))
 }
 
 /// Checks a network input of `h`×`w` pixels and `channels` channels against [`MAX_INPUT_SIDE`]
 /// and [`MAX_INPUT_PIXELS`] before it is allocated; returns its element count.
-pub fn input_elements(h: usize, w: usize, channels: usize) -> Result<usize> {
+pub(crate) fn input_elements(h: usize, w: usize, channels: usize) -> Result<usize> {
     if h == 0 || w == 0 || h > MAX_INPUT_SIDE || w > MAX_INPUT_SIDE {
         return Err(Error::Input(format!("network input {h}×{w} is outside 1..={MAX_INPUT_SIDE} pixels per side")));
     }

@@ -9,7 +9,7 @@ pub const BUILT_FOR: Option<&str> = option_env!("EDGERUN_CUDA_COMPUTE_CAP");
 
 /// Whether machine code built for `built` (`87`, `90a`) runs on a GPU of capability `major.minor`:
 /// same major version, minor at least the built one (an `a` suffix runs on that exact GPU only).
-pub fn machine_code_runs(built: &str, major: i32, minor: i32) -> bool {
+pub(crate) fn machine_code_runs(built: &str, major: i32, minor: i32) -> bool {
     let exact = built.ends_with('a');
     let digits: String = built.chars().take_while(|c| c.is_ascii_digit()).collect();
     let Ok(cap) = digits.parse::<i32>() else { return false };
@@ -36,7 +36,7 @@ pub fn machine_code_runs_on(device: &Device) -> bool {
 }
 
 /// Makes Candle's quantized matmuls avoid its machine-code kernels when `device` cannot run them.
-pub fn adapt_quantized_matmuls(device: &Device) {
+pub(crate) fn adapt_quantized_matmuls(device: &Device) {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
         candle_core::quantized::cuda::set_force_dmmv(!machine_code_runs_on(device));

@@ -70,15 +70,6 @@ pub fn check_dtype(device: &Device, dtype: DType) -> Result<()> {
     Ok(())
 }
 
-/// A human name for a device (`cpu`, `cuda:0`, `metal`).
-pub fn device_name(d: &Device) -> String {
-    match d {
-        Device::Cpu => "cpu".into(),
-        Device::Cuda(_) => "cuda".into(),
-        Device::Metal(_) => "metal".into(),
-    }
-}
-
 /// Sets the number of CPU threads used by Candle's thread pools (call before any tensor work).
 pub fn set_threads(n: usize) {
     // Both variables are read once, when Candle's pools start; this runs before any tensor op.

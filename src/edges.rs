@@ -35,7 +35,7 @@ fn sobel_conv(x: &Tensor) -> Result<Tensor> {
 }
 
 /// Sobel magnitude of one row-major `h`×`w` map with replicated borders (rows in parallel).
-pub fn sobel_map(v: &[f32], h: usize, w: usize) -> Vec<f32> {
+pub(crate) fn sobel_map(v: &[f32], h: usize, w: usize) -> Vec<f32> {
     let mut out = vec![0f32; h * w];
     out.par_chunks_mut(w).enumerate().for_each(|(y, row)| {
         let up = &v[y.saturating_sub(1) * w..][..w];

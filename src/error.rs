@@ -74,7 +74,7 @@ impl Error {
     }
 
     /// A malformed-tensor error.
-    pub fn bad_tensor(path: impl Into<PathBuf>, name: impl Into<String>, msg: impl Into<String>) -> Self {
+    pub(crate) fn bad_tensor(path: impl Into<PathBuf>, name: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::BadTensor { path: path.into(), name: name.into(), msg: msg.into() }
     }
 

@@ -34,11 +34,11 @@ fn file_id(path: &Path) -> Option<FileId> {
 }
 
 /// Largest configuration-like file read whole (config.json, preprocessor configs, recipes, class maps).
-pub const MAX_TEXT_INPUT: u64 = 64 << 20;
+pub(crate) const MAX_TEXT_INPUT: u64 = 64 << 20;
 
 /// Refuses an input that is not a regular file (a FIFO would block the open forever; a device or a
 /// directory is never an input), before opening it.
-pub fn check_input_file(path: &Path) -> Result<std::fs::Metadata> {
+pub(crate) fn check_input_file(path: &Path) -> Result<std::fs::Metadata> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if !meta.is_file() {
         let what = if meta.is_dir() { "a directory" } else { "not a regular file (FIFO, socket or device)" };
@@ -48,7 +48,7 @@ pub fn check_input_file(path: &Path) -> Result<std::fs::Metadata> {
 }
 
 /// Reads a small input file whole: a regular file of at most `limit` bytes.
-pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
+pub(crate) fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
     let meta = check_input_file(path)?;
     if meta.len() > limit {
         return Err(Error::bad_file(path, format!("is {} bytes, more than the {limit} bytes such a file may have", meta.len())));
@@ -57,7 +57,7 @@ pub fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
 }
 
 /// [`read_input`] as UTF-8 text.
-pub fn read_input_text(path: &Path, limit: u64) -> Result<String> {
+pub(crate) fn read_input_text(path: &Path, limit: u64) -> Result<String> {
     String::from_utf8(read_input(path, limit)?).map_err(|_| Error::bad_file(path, "is not UTF-8 text"))
 }
 
@@ -77,7 +77,7 @@ fn is_registered_input(path: &Path) -> bool {
 
 /// Refuses `dest` when it exists and is not a regular file (a FIFO, a device, a directory, or a
 /// symlink to one), or when it is an input of this run.
-pub fn check_output_target(dest: &Path) -> Result<()> {
+pub(crate) fn check_output_target(dest: &Path) -> Result<()> {
     match std::fs::metadata(dest) {
         Ok(m) if !m.is_file() => {
             let what = if m.is_dir() { "a directory" } else { "not a regular file (FIFO, socket or device)" };
@@ -91,7 +91,7 @@ pub fn check_output_target(dest: &Path) -> Result<()> {
 }
 
 /// A file being written that only appears at its final path once `commit` succeeds.
-pub struct AtomicFile {
+pub(crate) struct AtomicFile {
     tmp: PathBuf,
     dest: PathBuf,
     file: Option<File>,
@@ -119,7 +119,7 @@ impl AtomicFile {
 
     /// Flushes, fsyncs and renames into place, then fsyncs the directory. On failure the temp file
     /// is removed and `dest` is left as it was.
-    pub fn commit(mut self) -> Result<()> {
+    pub(crate) fn commit(mut self) -> Result<()> {
         let Some(file) = self.file.take() else { return Err(Error::Input("AtomicFile committed twice".into())) };
         let synced = file.sync_all();
         drop(file);
@@ -159,7 +159,7 @@ impl Drop for AtomicFile {
 }
 
 /// Writes `bytes` to `dest` atomically.
-pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
     let dest = dest.as_ref();
     let mut f = AtomicFile::create(dest)?;
     f.write_all(bytes).map_err(|e| Error::io(dest, e))?;
@@ -168,7 +168,7 @@ pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8]) -> Result<()> {
 
 /// What [`try_lock`] got.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Lock {
+pub(crate) enum Lock {
     /// We hold it (until the file is closed, or the process dies).
     Held,
     /// Another open file holds it.
@@ -179,7 +179,7 @@ pub enum Lock {
 
 /// An exclusive, non-blocking advisory lock on `f` (`flock` on Linux), released when `f` is closed
 /// or the process dies (so a kill -9 never leaves a stale lock).
-pub fn try_lock(f: &std::fs::File) -> Lock {
+pub(crate) fn try_lock(f: &std::fs::File) -> Lock {
     match f.try_lock() {
         Ok(()) => Lock::Held,
         Err(std::fs::TryLockError::WouldBlock) => Lock::Busy,

@@ -1,6 +1,6 @@
 //! edgerun: perception and physics models at the edge, on Candle.
 pub mod annotate;
-pub mod config_check;
+pub(crate) mod config_check;
 pub mod cuda_arch;
 pub mod device;
 pub mod edges;
@@ -11,7 +11,7 @@ pub mod inputs;
 pub mod error;
 pub mod kernels;
 pub mod models;
-pub mod profile;
+pub(crate) mod profile;
 pub mod progress;
 pub mod nn;
 pub mod paths;

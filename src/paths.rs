@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 
 /// Checks that `rel` is a plain relative path: not empty, no NUL, not absolute, and only normal
 /// components (no `..`, no `.`, no root or drive prefix). Returns it as a `Path`.
-pub fn check_relative(rel: &str) -> Result<&Path> {
+pub(crate) fn check_relative(rel: &str) -> Result<&Path> {
     let bad = |why: &str| Err(Error::Input(format!("path `{}` {why}", rel.escape_debug())));
     if rel.is_empty() {
         return bad("is empty");

@@ -8,7 +8,7 @@ fn enabled() -> bool {
 }
 
 /// Times a stage from creation to drop and prints it on stderr when profiling is on.
-pub struct Span {
+pub(crate) struct Span {
     name: &'static str,
     start: Option<Instant>,
 }

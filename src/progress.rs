@@ -28,7 +28,7 @@ pub enum Mode {
 
 impl Mode {
     /// From the config value (`auto` picks by whether stderr is a terminal).
-    pub fn from_config(s: &str) -> Mode {
+    pub(crate) fn from_config(s: &str) -> Mode {
         match s {
             "bar" => Mode::Bar,
             "lines" => Mode::Lines,

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 
 /// A file found by [`walk_tree`].
 #[derive(Debug, Clone)]
-pub struct WalkedFile {
+pub(crate) struct WalkedFile {
     /// Path relative to the root, `/`-separated.
     pub rel: String,
     /// The path as found (root joined with `rel`).
@@ -20,7 +20,7 @@ pub struct WalkedFile {
 
 /// A directory visited by [`walk_tree`].
 #[derive(Debug, Clone)]
-pub struct WalkedDir {
+pub(crate) struct WalkedDir {
     /// Path relative to the root (`""` for the root), `/`-separated.
     pub rel: String,
     /// Its metadata, read before its entries (so an entry added meanwhile changes its mtime).
@@ -29,7 +29,7 @@ pub struct WalkedDir {
 
 /// Everything a walk found.
 #[derive(Debug, Default)]
-pub struct Walk {
+pub(crate) struct Walk {
     /// Accepted regular files, sorted by `rel`.
     pub files: Vec<WalkedFile>,
     /// Directories visited, parents before children.
@@ -44,7 +44,7 @@ pub struct Walk {
 /// canonical path is `exclude` (an output directory inside the input tree) or was already visited
 /// (a symlink loop) is not entered. With `confine`, a symlink that leads outside the root is
 /// reported and not followed (every listed path then stays inside the root when joined again).
-pub fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>, confine: bool) -> Result<Walk> {
+pub(crate) fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>, confine: bool) -> Result<Walk> {
     let mut w = Walk::default();
     let mut seen = HashSet::new();
     let root_c = root.canonicalize().map_err(|e| Error::io(root, e))?;
@@ -122,6 +122,6 @@ fn visit(dir: &Path, rel: &str, o: &Opts<'_>, seen: &mut HashSet<PathBuf>, w: &m
 }
 
 /// Whether `name` has one of `extensions` (lower-case, without the dot), case-insensitively.
-pub fn has_extension(name: &str, extensions: &[&str]) -> bool {
+pub(crate) fn has_extension(name: &str, extensions: &[&str]) -> bool {
     Path::new(name).extension().and_then(|e| e.to_str()).is_some_and(|e| extensions.iter().any(|x| x.eq_ignore_ascii_case(e)))
 }

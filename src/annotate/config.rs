@@ -10,19 +10,19 @@ use crate::tasks::Task;
 use crate::imageio::ImageLimits;
 
 /// Largest `prefetch` (decoded batches queued ahead of the model).
-pub const MAX_PREFETCH: usize = 1024;
+pub(crate) const MAX_PREFETCH: usize = 1024;
 /// Largest `decode_threads` / `write_threads`.
 pub const MAX_THREADS: usize = 1024;
 /// Largest `memory_mb` / `[limits] max_alloc_mb` (1 TiB).
-pub const MAX_MEMORY_MB: usize = 1 << 20;
+pub(crate) const MAX_MEMORY_MB: usize = 1 << 20;
 /// Largest `[journal] sync_every`.
-pub const MAX_SYNC_EVERY: usize = 1 << 20;
+pub(crate) const MAX_SYNC_EVERY: usize = 1 << 20;
 /// Largest `sync_interval_s` / `[progress] interval_s` (one day).
-pub const MAX_INTERVAL_S: f64 = 86_400.0;
+pub(crate) const MAX_INTERVAL_S: f64 = 86_400.0;
 /// Largest `[limits] max_side` (pixels per side).
-pub const MAX_IMAGE_SIDE: usize = 1 << 20;
+pub(crate) const MAX_IMAGE_SIDE: usize = 1 << 20;
 /// Largest `[limits] max_pixels` (16 GiB of RGB8).
-pub const MAX_IMAGE_PIXELS: usize = 1 << 34;
+pub(crate) const MAX_IMAGE_PIXELS: usize = 1 << 34;
 
 /// A pipeline stage. The pipeline always runs them in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -72,7 +72,7 @@ impl StageKind {
     }
 
     /// Whether the stage runs a model.
-    pub fn has_model(self) -> bool {
+    pub(crate) fn has_model(self) -> bool {
         self.task().is_some()
     }
 }
@@ -118,7 +118,7 @@ pub enum ModelRef {
 
 /// A model resolved for loading.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ModelSpec {
+pub(crate) struct ModelSpec {
     /// The name recorded in journals: the path as written in the config.
     pub name: String,
     /// The path to load (relative paths resolved against the config file's directory).
@@ -306,7 +306,7 @@ fn default_stages() -> Vec<StageKind> { vec![StageKind::Depth, StageKind::Edges,
 fn batch() -> BatchSetting { BatchSetting::Auto }
 
 /// Chunk length under `batch = "auto"`.
-pub const AUTO_CHUNK: usize = 16;
+pub(crate) const AUTO_CHUNK: usize = 16;
 fn memory_mb() -> u64 { 2048 }
 fn prefetch() -> usize { 2 }
 fn write_threads() -> usize { 2 }
@@ -483,7 +483,7 @@ fn check_tiling(tile: Option<usize>, overlap: Option<usize>) -> std::result::Res
 
 impl Config {
     /// A model stage's `tile` / `overlap` as a tiling request (edges: never tiled).
-    pub fn tile_request(&self, k: StageKind) -> crate::tiling::TileRequest {
+    pub(crate) fn tile_request(&self, k: StageKind) -> crate::tiling::TileRequest {
         match self.model_stage(k) {
             Some(s) => crate::tiling::TileRequest { tile: s.tile, overlap: s.overlap },
             None => crate::tiling::TileRequest { tile: Some(0), overlap: None },
@@ -510,7 +510,7 @@ impl Config {
     }
 
     /// The stages to run, deduplicated, in pipeline order.
-    pub fn stage_list(&self) -> Vec<StageKind> {
+    pub(crate) fn stage_list(&self) -> Vec<StageKind> {
         let mut s = self.stages.clone();
         s.sort();
         s.dedup();
@@ -518,7 +518,7 @@ impl Config {
     }
 
     /// The settings of a model stage.
-    pub fn model_stage(&self, k: StageKind) -> Option<&ModelStage> {
+    pub(crate) fn model_stage(&self, k: StageKind) -> Option<&ModelStage> {
         match k {
             StageKind::Depth => Some(&self.depth),
             StageKind::Segmentation => Some(&self.segmentation),
@@ -546,7 +546,7 @@ impl Config {
     }
 
     /// The `.npy` element type of a float stage.
-    pub fn float_format(&self, k: StageKind) -> FloatFormat {
+    pub(crate) fn float_format(&self, k: StageKind) -> FloatFormat {
         match k {
             StageKind::Edges => self.edges.format,
             _ => self.model_stage(k).map(|s| s.format).unwrap_or(FloatFormat::F16),
@@ -564,7 +564,7 @@ impl Config {
     }
 
     /// The primary model and fallbacks of a model stage, in the order they are tried.
-    pub fn model_chain(&self, k: StageKind) -> Result<Vec<ModelSpec>> {
+    pub(crate) fn model_chain(&self, k: StageKind) -> Result<Vec<ModelSpec>> {
         let s = self.model_stage(k).ok_or_else(|| Error::Config(format!("{} has no model", k.name())))?;
         if s.model.trim().is_empty() {
             return Err(Error::Config(format!("[{}] model is not set", k.name())));
@@ -587,7 +587,7 @@ impl Config {
     }
 
     /// The image limits.
-    pub fn image_limits(&self) -> ImageLimits {
+    pub(crate) fn image_limits(&self) -> ImageLimits {
         ImageLimits {
             max_side: self.limits.max_side,
             max_pixels: self.limits.max_pixels,
@@ -596,7 +596,7 @@ impl Config {
     }
 
     /// Items per chunk of the sorted input list (the unit of decoding and sharding).
-    pub fn chunk_len(&self) -> usize {
+    pub(crate) fn chunk_len(&self) -> usize {
         match self.batch {
             BatchSetting::Fixed(n) => n,
             BatchSetting::Auto => AUTO_CHUNK,

@@ -35,6 +35,6 @@ pub fn decode(enc: &Encoded, limits: &ImageLimits) -> Result<RgbImage, String> {
 }
 
 /// A depth map read back from a stage output.
-pub fn read_depth(path: &Path) -> Result<(usize, usize, Vec<f32>), String> {
+pub(crate) fn read_depth(path: &Path) -> Result<(usize, usize, Vec<f32>), String> {
     read_npy_2d(path).map(|((h, w), v)| (h, w, v)).map_err(|e| format!("cannot read the depth map: {e}"))
 }

@@ -26,7 +26,7 @@ fn le64(b: &[u8]) -> u64 {
 
 /// A streaming XXH64 hasher.
 #[derive(Clone)]
-pub struct Xxh64 {
+pub(crate) struct Xxh64 {
     v: [u64; 4],
     buf: [u8; 32],
     buf_len: usize,
@@ -116,7 +116,7 @@ pub fn xxh64(data: &[u8]) -> u64 {
 }
 
 /// XXH64 of a file's contents, streamed.
-pub fn xxh64_file(path: &Path) -> Result<u64> {
+pub(crate) fn xxh64_file(path: &Path) -> Result<u64> {
     let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut h = Xxh64::new();
     let mut buf = vec![0u8; 1 << 20];

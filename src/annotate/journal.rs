@@ -60,7 +60,7 @@ pub struct Record {
 impl Record {
     /// Whether `input` and every output are plain relative paths ([`check_relative`]); a record
     /// that fails is treated as unreadable (a journal is read back from disk, so it is untrusted).
-    pub fn paths_are_safe(&self) -> bool {
+    pub(crate) fn paths_are_safe(&self) -> bool {
         check_relative(&self.input).is_ok() && self.outputs.iter().all(|o| check_relative(o).is_ok())
     }
 }
@@ -81,7 +81,7 @@ pub fn journal_path(output: &Path, stage: StageKind, tag: &str) -> PathBuf {
 }
 
 /// All journals of `stage` in `output`: `(path, is_shard_journal)`, sorted.
-pub fn stage_journals(output: &Path, stage: StageKind) -> Result<Vec<(PathBuf, bool)>> {
+pub(crate) fn stage_journals(output: &Path, stage: StageKind) -> Result<Vec<(PathBuf, bool)>> {
     let dir = manifest_dir(output);
     let mut out = Vec::new();
     let rd = match std::fs::read_dir(&dir) {
@@ -200,7 +200,7 @@ impl Journal {
     }
 
     /// fsyncs if records were appended since the last sync and the interval has passed.
-    pub fn sync_if_due(&mut self) -> Result<()> {
+    pub(crate) fn sync_if_due(&mut self) -> Result<()> {
         if self.unsynced > 0 && self.last_sync.elapsed() >= self.sync_interval {
             self.sync()?;
         }
@@ -226,14 +226,14 @@ impl Drop for Journal {
 
 /// The latest ok and latest failed record of each input.
 #[derive(Debug, Default)]
-pub struct Index {
+pub(crate) struct Index {
     /// By input path: (latest ok, latest failed).
     pub by_input: HashMap<String, (Option<Record>, Option<Record>)>,
 }
 
 impl Index {
     /// Adds records in order (a later record of the same status replaces an earlier one).
-    pub fn add(&mut self, records: impl IntoIterator<Item = Record>) {
+    pub(crate) fn add(&mut self, records: impl IntoIterator<Item = Record>) {
         for r in records {
             let e = self.by_input.entry(r.input.clone()).or_default();
             let slot = if r.status == Status::Ok { &mut e.0 } else { &mut e.1 };

@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 /// What an output file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputKind {
+pub(crate) enum OutputKind {
     /// The stage's data (`.npy` or class-id `.png`).
     Main,
     /// The PNG visualisation (`.viz.png`).
@@ -18,7 +18,7 @@ pub enum OutputKind {
 }
 
 /// `a/b/img.jpg` → `a/b/img`.
-pub fn stem_rel(rel: &str) -> String {
+pub(crate) fn stem_rel(rel: &str) -> String {
     let (dir, name) = match rel.rfind('/') {
         Some(i) => (&rel[..=i], &rel[i + 1..]),
         None => ("", rel),
@@ -31,7 +31,7 @@ pub fn stem_rel(rel: &str) -> String {
 }
 
 /// The output path (relative to the output directory, `/`-separated) of one kind of output.
-pub fn output_rel(stage: StageKind, stem: &str, kind: OutputKind) -> String {
+pub(crate) fn output_rel(stage: StageKind, stem: &str, kind: OutputKind) -> String {
     let ext = match (stage, kind) {
         (StageKind::Segmentation, OutputKind::Main) => "png",
         (_, OutputKind::Main) => "npy",
@@ -42,7 +42,7 @@ pub fn output_rel(stage: StageKind, stem: &str, kind: OutputKind) -> String {
 }
 
 /// The outputs a finished item must have (the GeoTIFF is conditional and not included).
-pub fn expected_outputs(cfg: &Config, stage: StageKind, stem: &str) -> Vec<String> {
+pub(crate) fn expected_outputs(cfg: &Config, stage: StageKind, stem: &str) -> Vec<String> {
     let mut v = vec![output_rel(stage, stem, OutputKind::Main)];
     if cfg.visualize(stage) {
         v.push(output_rel(stage, stem, OutputKind::Viz));
@@ -51,13 +51,13 @@ pub fn expected_outputs(cfg: &Config, stage: StageKind, stem: &str) -> Vec<Strin
 }
 
 /// Every output name an item may write (for temp-file cleanup).
-pub fn possible_outputs(stage: StageKind, stem: &str) -> [String; 3] {
+pub(crate) fn possible_outputs(stage: StageKind, stem: &str) -> [String; 3] {
     [output_rel(stage, stem, OutputKind::Main), output_rel(stage, stem, OutputKind::Viz), output_rel(stage, stem, OutputKind::GeoTiff)]
 }
 
 /// Marks inputs whose output names collide with an earlier input's (e.g. `a.jpg` and `a.png`):
 /// returns, per input, the earlier input it collides with.
-pub fn collisions(stems: &[String], any_viz: bool) -> Vec<Option<usize>> {
+pub(crate) fn collisions(stems: &[String], any_viz: bool) -> Vec<Option<usize>> {
     let mut claimed: HashMap<String, usize> = HashMap::new();
     let mut out = vec![None; stems.len()];
     for (i, s) in stems.iter().enumerate() {
@@ -76,7 +76,7 @@ pub fn collisions(stems: &[String], any_viz: bool) -> Vec<Option<usize>> {
 }
 
 /// Creates each distinct directory once.
-pub fn create_dirs(output: &Path, rel_files: impl IntoIterator<Item = String>) -> Result<usize> {
+pub(crate) fn create_dirs(output: &Path, rel_files: impl IntoIterator<Item = String>) -> Result<usize> {
     let dirs: BTreeSet<PathBuf> = rel_files.into_iter().filter_map(|r| Path::new(&r).parent().map(|p| output.join(p))).collect();
     for d in &dirs {
         std::fs::create_dir_all(d).map_err(|e| Error::io(d, e))?;
@@ -85,7 +85,7 @@ pub fn create_dirs(output: &Path, rel_files: impl IntoIterator<Item = String>) -
 }
 
 /// Whether `name` is an `AtomicFile` temp name (`.<dest>.tmp-<pid>`); returns `<dest>`.
-pub fn temp_dest(name: &str) -> Option<&str> {
+pub(crate) fn temp_dest(name: &str) -> Option<&str> {
     let rest = name.strip_prefix('.')?;
     let i = rest.rfind(".tmp-")?;
     let pid = &rest[i + 5..];
@@ -94,7 +94,7 @@ pub fn temp_dest(name: &str) -> Option<&str> {
 
 /// Removes `AtomicFile` temp files in `dirs`: all of them (`owned = None`, unsharded runs), or only
 /// those whose destination is in `owned` (other shards may be writing beside us). Returns the count.
-pub fn remove_stale_temps(dirs: &BTreeSet<PathBuf>, owned: Option<&HashSet<PathBuf>>) -> Result<usize> {
+pub(crate) fn remove_stale_temps(dirs: &BTreeSet<PathBuf>, owned: Option<&HashSet<PathBuf>>) -> Result<usize> {
     let mut removed = 0;
     for dir in dirs {
         let rd = match std::fs::read_dir(dir) {

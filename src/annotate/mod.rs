@@ -17,7 +17,7 @@ pub mod journal;
 pub mod layout;
 pub mod listing;
 pub mod summary;
-pub mod scheduler;
+pub(crate) mod scheduler;
 pub mod shard;
 pub mod stages;
 pub mod tiled;

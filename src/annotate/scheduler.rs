@@ -29,7 +29,7 @@ use crate::imageio::{write_npy_f16, write_png_gray8, write_png_rgb8};
 
 /// A set of stages (bit i = `StageKind::ALL[i]`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StageSet(u8);
+pub(crate) struct StageSet(u8);
 
 fn bit(k: StageKind) -> u8 {
     1 << (k as u8)
@@ -57,14 +57,14 @@ impl StageSet {
         StageKind::ALL.into_iter().filter(move |k| self.has(*k))
     }
     /// Union.
-    pub fn union(self, o: StageSet) -> StageSet {
+    pub(crate) fn union(self, o: StageSet) -> StageSet {
         StageSet(self.0 | o.0)
     }
 }
 
 /// An input of the run.
 #[derive(Debug, Clone)]
-pub struct ItemInfo {
+pub(crate) struct ItemInfo {
     /// Listing entry.
     pub file: InputFile,
     /// Relative path without extension.
@@ -79,7 +79,7 @@ impl ItemInfo {
 
 /// One batch member.
 #[derive(Debug, Clone)]
-pub struct Member {
+pub(crate) struct Member {
     /// Index into the items.
     pub item: usize,
     /// Stages still to record for this item.
@@ -94,7 +94,7 @@ pub struct Member {
 
 /// One batch: consecutive items of the sorted list; the model stages it runs.
 #[derive(Debug, Clone)]
-pub struct ChunkJob {
+pub(crate) struct ChunkJob {
     /// Members in list order.
     pub members: Vec<Member>,
     /// Model stages run on the whole batch.
@@ -102,7 +102,7 @@ pub struct ChunkJob {
 }
 
 /// Everything the pipeline needs.
-pub struct Exec<'a> {
+pub(crate) struct Exec<'a> {
     /// The configuration.
     pub cfg: &'a Config,
     /// The input root.
@@ -137,7 +137,7 @@ struct View<'a> {
 
 /// What the pipeline measured.
 #[derive(Debug, Default)]
-pub struct ExecStats {
+pub(crate) struct ExecStats {
     /// Per stage (done, failed, model_s, write_s, by_model filled).
     pub stages: HashMap<StageKind, StageSummary>,
     /// Items with a failed stage.
@@ -645,7 +645,7 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
 // ---------------------------------------------------------------------------------------------
 
 /// Runs the pipeline over `x.jobs`.
-pub fn execute(x: Exec<'_>) -> Result<ExecStats> {
+pub(crate) fn execute(x: Exec<'_>) -> Result<ExecStats> {
     let start = Instant::now();
     let Exec { cfg, input_root, output, items, jobs, chains, devices, journals, shard, mut progress } = x;
     let view = View { cfg, input_root, output, items, jobs: &jobs, shard: &shard };

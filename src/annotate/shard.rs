@@ -43,7 +43,7 @@ impl Shard {
     }
 
     /// [`Shard::from_env`] over any variable lookup.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>, count: Option<usize>) -> Result<Option<Self>> {
+    pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>, count: Option<usize>) -> Result<Option<Self>> {
         let num = |k: &str| -> Result<Option<usize>> {
             match var(k) {
                 None => Ok(None),
@@ -72,12 +72,12 @@ impl Shard {
     }
 
     /// Whether this shard runs batch `chunk`.
-    pub fn owns_chunk(&self, chunk: usize) -> bool {
+    pub(crate) fn owns_chunk(&self, chunk: usize) -> bool {
         chunk % self.count == self.index
     }
 
     /// Whether this is the only shard.
-    pub fn is_whole(&self) -> bool {
+    pub(crate) fn is_whole(&self) -> bool {
         self.count == 1
     }
 

@@ -65,7 +65,7 @@ impl Prediction {
 }
 
 /// A stage's model as tiled inference runs it.
-pub struct Tiling<'a> {
+pub(crate) struct Tiling<'a> {
     /// The model on tiles.
     pub model: Box<dyn TileModel + 'a>,
     /// What the tiled GeoTIFF holds.
@@ -75,7 +75,7 @@ pub struct Tiling<'a> {
 }
 
 /// A loaded model stage.
-pub trait Stage {
+pub(crate) trait Stage {
     /// The model on tiles.
     fn tiling(&self) -> Tiling<'_>;
     /// One prediction per image, in order.
@@ -182,7 +182,7 @@ impl Devices {
 }
 
 /// Loads one model of a stage.
-pub fn load_stage(kind: StageKind, spec: &ModelSpec, cfg: &Config, devices: &mut Devices) -> Result<Box<dyn Stage>> {
+pub(crate) fn load_stage(kind: StageKind, spec: &ModelSpec, cfg: &Config, devices: &mut Devices) -> Result<Box<dyn Stage>> {
     let device = devices.get(&spec.device)?;
     let dtype: DType = crate::device::parse_dtype(&spec.dtype)?;
     if !spec.path.exists() {
@@ -230,7 +230,7 @@ pub struct ModelChain {
 }
 
 /// A runner for model `stage` of a stage: the budget is measured once per model, after it has loaded.
-pub fn stage_runner(cfg: &Config, stage: &dyn Stage) -> ItemRunner {
+pub(crate) fn stage_runner(cfg: &Config, stage: &dyn Stage) -> ItemRunner {
     ItemRunner::new(cfg.batch, MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget::FALLBACK))
 }
 
@@ -319,7 +319,7 @@ impl ModelChain {
     }
 
     /// Loads models in order until one loads (the one batches go to first); errors when none does.
-    pub fn load_primary(&mut self, cfg: &Config, devices: &mut Devices, warn: &mut dyn FnMut(String)) -> Result<usize> {
+    pub(crate) fn load_primary(&mut self, cfg: &Config, devices: &mut Devices, warn: &mut dyn FnMut(String)) -> Result<usize> {
         for i in 0..self.specs.len() {
             if self.load(i, cfg, devices, warn) {
                 return Ok(i);
@@ -336,7 +336,7 @@ impl ModelChain {
 
     /// Runs `f` (one tiled input) on the stage's models in fallback order until one succeeds:
     /// `(result, model index)`, or every model's reason (errors and panics alike).
-    pub fn first_success<T>(
+    pub(crate) fn first_success<T>(
         &mut self,
         cfg: &Config,
         devices: &mut Devices,

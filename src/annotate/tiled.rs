@@ -31,7 +31,7 @@ pub struct TiledWork {
 /// Whether `stage` runs `path` in tiles: its own `tile` / `overlap` for a model stage, the depth
 /// stage's for edges (which follow their depth map). Only TIFFs are looked at unless a tile is set;
 /// an unreadable header means "not tiled" (decoding then reports the file).
-pub fn is_tiled(cfg: &Config, stage: StageKind, path: &Path, limits: &ImageLimits) -> bool {
+pub(crate) fn is_tiled(cfg: &Config, stage: StageKind, path: &Path, limits: &ImageLimits) -> bool {
     let req = cfg.tile_request(if stage == StageKind::Edges { StageKind::Depth } else { stage });
     let tiff_name = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("tif") || e.eq_ignore_ascii_case("tiff"));
     match req.tile {
@@ -53,7 +53,7 @@ pub struct TiledOut {
 }
 
 /// Everything a tiled run needs from `annotate`.
-pub struct TiledRun<'a> {
+pub(crate) struct TiledRun<'a> {
     /// The configuration.
     pub cfg: &'a Config,
     /// The input root.
@@ -69,7 +69,7 @@ pub struct TiledRun<'a> {
 }
 
 /// Runs every `work` entry in list order, appending one record per entry to its stage's journal.
-pub fn run_tiled(
+pub(crate) fn run_tiled(
     x: &TiledRun<'_>,
     work: &[TiledWork],
     chains: &mut [ModelChain],

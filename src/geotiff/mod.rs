@@ -22,18 +22,18 @@ pub const MODEL_PIXEL_SCALE: u16 = 33550;
 /// ModelTiepointTag.
 pub const MODEL_TIEPOINT: u16 = 33922;
 /// ModelTransformationTag.
-pub const MODEL_TRANSFORMATION: u16 = 34264;
+pub(crate) const MODEL_TRANSFORMATION: u16 = 34264;
 /// GeoKeyDirectoryTag.
 pub const GEO_KEY_DIRECTORY: u16 = 34735;
 /// GeoDoubleParamsTag.
-pub const GEO_DOUBLE_PARAMS: u16 = 34736;
+pub(crate) const GEO_DOUBLE_PARAMS: u16 = 34736;
 /// GeoAsciiParamsTag.
-pub const GEO_ASCII_PARAMS: u16 = 34737;
+pub(crate) const GEO_ASCII_PARAMS: u16 = 34737;
 /// GDAL_NODATA (ASCII).
 pub const GDAL_NODATA: u16 = 42113;
 
 /// The tags copied from a source to an output, in tag order.
-pub const GEO_TAGS: [u16; 7] =
+pub(crate) const GEO_TAGS: [u16; 7] =
     [MODEL_PIXEL_SCALE, MODEL_TIEPOINT, MODEL_TRANSFORMATION, GEO_KEY_DIRECTORY, GEO_DOUBLE_PARAMS, GEO_ASCII_PARAMS, GDAL_NODATA];
 
 /// Largest accepted tag value (bytes); GeoTIFF tags are tiny, a huge one means a broken file.
@@ -60,7 +60,7 @@ impl RawTag {
     }
 
     /// The values of a SHORT tag.
-    pub fn u16s(&self) -> Option<Vec<u16>> {
+    pub(crate) fn u16s(&self) -> Option<Vec<u16>> {
         (self.field_type == Type::SHORT.to_u16()).then(|| self.bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
     }
 
@@ -91,7 +91,7 @@ fn tiff_err(path: &Path, e: tiff::TiffError) -> Error {
 }
 
 /// Whether the file starts with a TIFF or BigTIFF header.
-pub fn is_tiff(path: &Path) -> Result<bool> {
+pub(crate) fn is_tiff(path: &Path) -> Result<bool> {
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut magic = [0u8; 4];
     match f.read_exact(&mut magic) {

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 
 /// Reads an 8-bit grayscale or palette PNG as raw class ids (a palette is not applied) →
 /// ((height, width), ids). The declared size is checked against `limits` before anything is allocated.
-pub fn read_class_png(path: &Path, limits: &ImageLimits) -> Result<((usize, usize), Vec<u8>)> {
+pub(crate) fn read_class_png(path: &Path, limits: &ImageLimits) -> Result<((usize, usize), Vec<u8>)> {
     let bad = |m: String| Error::bad_file(path, m);
     let bytes = crate::fsutil::read_input(path, limits.max_alloc)?;
     let mut decoder = png::Decoder::new_with_limits(Cursor::new(&bytes[..]), png::Limits { bytes: limits.max_alloc as usize });

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 
 /// The interpolation, as OpenCV names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CvInterp {
+pub(crate) enum CvInterp {
     /// `cv2.INTER_CUBIC`.
     Cubic,
     /// `cv2.INTER_AREA` (only for shrinking, in both directions).
@@ -21,7 +21,7 @@ pub enum CvInterp {
 }
 
 /// `cv2.resize(img, (out_w, out_h), interpolation)`.
-pub fn cv_resize(img: &RgbImage, out_w: u32, out_h: u32, interp: CvInterp) -> Result<RgbImage> {
+pub(crate) fn cv_resize(img: &RgbImage, out_w: u32, out_h: u32, interp: CvInterp) -> Result<RgbImage> {
     let (w, h) = img.dimensions();
     if out_w == 0 || out_h == 0 || w == 0 || h == 0 {
         return Err(Error::Input(format!("cannot resize {w}×{h} to {out_w}×{out_h}")));

@@ -44,7 +44,7 @@ pub fn load_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage> {
 }
 
 /// The size an image file declares in its header, checked against `limits` (nothing is decoded).
-pub fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<(u32, u32), String> {
+pub(crate) fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<(u32, u32), String> {
     if bytes.is_empty() {
         return Err("file is empty".into());
     }
@@ -58,7 +58,7 @@ pub fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<(u
 }
 
 /// The size `path` declares in its header, read from the file without decoding it (or reading it all).
-pub fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32, u32)> {
+pub(crate) fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32, u32)> {
     let bad = |m: String| Error::bad_file(path, m);
     crate::fsutil::check_input_file(path)?;
     let reader = ImageReader::open(path).map_err(|e| Error::io(path, e))?.with_guessed_format().map_err(|e| Error::io(path, e))?;
@@ -72,7 +72,7 @@ pub fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32, u32)>
 
 /// Decodes image bytes as 8-bit RGB under the decoder limits; JPEGs in strict mode, so that a
 /// truncated file (baseline or progressive) is an error rather than a grey-filled image.
-pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<RgbImage, String> {
+pub(crate) fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<RgbImage, String> {
     let mut reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("cannot read file: {e}"))?;
     if reader.format() == Some(ImageFormat::Jpeg) {
         return jpeg::decode_strict(bytes, limits);
@@ -87,7 +87,7 @@ pub fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<R
 }
 
 /// Checks a declared image size against `limits` (zero sizes and oversized images are refused).
-pub fn check_size(w: u32, h: u32, limits: &ImageLimits) -> std::result::Result<(), String> {
+pub(crate) fn check_size(w: u32, h: u32, limits: &ImageLimits) -> std::result::Result<(), String> {
     if w == 0 || h == 0 {
         return Err(format!("image has zero size {w}×{h}"));
     }

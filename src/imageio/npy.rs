@@ -49,7 +49,7 @@ pub fn write_npy_f32(path: &Path, shape: &[usize], values: &[f32]) -> Result<()>
 const MAX_HEADER_BYTES: usize = 1 << 20;
 
 /// Reads the magic, version and header of a `.npy` stream; returns the header and the data offset.
-pub fn read_header(r: &mut impl Read) -> std::result::Result<(NpyHeader, u64), String> {
+pub(crate) fn read_header(r: &mut impl Read) -> std::result::Result<(NpyHeader, u64), String> {
     let mut pre = [0u8; 10];
     r.read_exact(&mut pre).map_err(|_| "not a .npy file (too short)".to_string())?;
     if &pre[..6] != b"\x93NUMPY" {

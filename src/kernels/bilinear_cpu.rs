@@ -169,12 +169,12 @@ impl RowPlan {
 }
 
 /// PyTorch's align_corners=False source taps along one axis: `(i0, i1, λ1)` per output index.
-pub fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
+pub(crate) fn axis_taps(n_in: usize, n_out: usize) -> Vec<(usize, usize, f32)> {
     (0..n_out).map(|o| axis_tap(n_in, n_out, o)).collect()
 }
 
 /// The align_corners=False source taps `(i0, i1, λ1)` of output index `o` of `n_out` over `n_in` inputs.
-pub fn axis_tap(n_in: usize, n_out: usize, o: usize) -> (usize, usize, f32) {
+pub(crate) fn axis_tap(n_in: usize, n_out: usize, o: usize) -> (usize, usize, f32) {
     let scale = n_in as f32 / n_out as f32;
     let src = (scale * (o as f32 + 0.5) - 0.5).max(0.0);
     let i0 = (src as usize).min(n_in - 1);

@@ -15,7 +15,7 @@ const MIN_STRIPE_PIXELS: usize = 256;
 /// A 3×3, stride-1, padding-1 conv of `x` by [`crate::kernels::winograd`] (AVX-512), of `relu(x)` with
 /// `relu_input`, plus `residual`, its output through a ReLU with `relu_output`; `None` where the
 /// kernel does not run or the residual is not an f32 CPU tensor of the output's shape.
-pub fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, (relu_input, relu_output): (bool, bool), residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+pub(crate) fn winograd(x: &Tensor, w: &Tensor, bias: Option<&[f32]>, (relu_input, relu_output): (bool, bool), residual: Option<&Tensor>) -> Result<Option<Tensor>> {
     use crate::kernels::cpu_slice::with_contiguous;
     let ((b, c, h, wd), o) = (x.dims4()?, w.dim(0)?);
     if residual.is_some_and(|r| r.dtype() != DType::F32 || !r.device().is_cpu() || r.dims() != [b, o, h, wd]) {
@@ -68,7 +68,7 @@ pub fn direct(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride:
 /// stripes of output rows sized to stay in cache: each parallel task builds its stripe's columns
 /// `[C·kh·kw + 1, rows·OW]` (image-to-columns, zero padding by bounds, a row of ones for the bias)
 /// in a per-thread buffer and multiplies the weight by them straight into its rows of the output.
-pub fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usize) -> Result<Tensor> {
+pub(crate) fn stripe_gemm_conv(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, pad: usize, stride: usize) -> Result<Tensor> {
     let (b, c, h, wd) = x.dims4()?;
     let (o, wc, kh, kw) = w.dims4()?;
     if wc != c {

@@ -57,7 +57,7 @@ pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<
 /// A conv weight rounded to Q8_0 for the int8 GEMM ([`conv2d_int8`]): `[O, kh·kw·C]` in the
 /// columns' order (ky, kx, channel).
 #[derive(Debug)]
-pub struct Int8Weight {
+pub(crate) struct Int8Weight {
     packed: PackedQ8,
     kernel: (usize, usize),
     channels: usize,
@@ -82,7 +82,7 @@ const INT8_COLUMN_FLOATS: usize = 1 << 20;
 /// [`conv2d`] with an [`Int8Weight`]: each block of output pixels' columns are rounded per row to
 /// 8 bits and multiplied by the int8 GEMM (a Q8_0 model's convolutions). `Ok(None)` where [`conv2d`]
 /// would not run (not f32, not on the CPU, or recording for autograd).
-pub fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
+pub(crate) fn conv2d_int8(x: &Tensor, (h, w): (usize, usize), weight: &Int8Weight, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
     if [Some(x), bias].iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || t.track_op()) {
         return Ok(None);
     }

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 /// `x [B, C, H, W]` → `[B, O, H·k, W·k]` for a weight `[C, O, k, k]` (kernel = stride): output
 /// pixel `(y·k + i, x·k + j)` of channel `o` is `bias[o] + Σ_c x[c, y, x] · w[c, o, i, j]`.
-pub fn blocks_by_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+pub(crate) fn blocks_by_gemm(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
     let ((b, c, h, wd), (wc, o, k, _)) = (x.dims4()?, w.dims4()?);
     if wc != c {
         candle_core::bail!("conv_transpose2d: input has {c} channels, the weight expects {wc}");

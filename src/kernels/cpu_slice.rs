@@ -4,7 +4,7 @@ use candle_core::{Result, Storage, Tensor, WithDType};
 
 /// Runs `f` on the elements of `t` (made contiguous first) when it lives on the CPU with element
 /// type `T`; `Ok(None)` for other devices and dtypes.
-pub fn with_contiguous<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<Option<R>> {
+pub(crate) fn with_contiguous<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<Option<R>> {
     let t = t.contiguous()?;
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else { return Ok(None) };
@@ -69,7 +69,7 @@ pub fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols:
 /// `x [B, R, C]` → `[B, C, R]`, contiguous: per batch item the tiled parallel [`transposed`] for
 /// f32 on the CPU outside autograd (Candle's strided copy runs on one thread: 4 % of a
 /// SegFormer-B0 forward), Candle's ops otherwise.
-pub fn transpose_last_two(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn transpose_last_two(x: &Tensor) -> Result<Tensor> {
     let (b, r, c) = x.dims3()?;
     if x.dtype() == candle_core::DType::F32 && !x.track_op() && r * c > 0 {
         let flipped = with_contiguous(x, |s: &[f32]| match b {

@@ -556,7 +556,7 @@ impl CustomOp2 for DwBwd {
 }
 
 /// Whether the direct kernel handles `dtype` (the others go through Candle's grouped conv).
-pub fn kernel_supports(dtype: DType) -> bool {
+pub(crate) fn kernel_supports(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
 }
 
@@ -686,7 +686,7 @@ thread_local! {
 /// `[B·OH·OW, Co]` and the block scales `[B·OH·OW, Co/32]`, the f32 map never written out.
 /// `Ok(None)` where it does not run: other dtypes or devices, a gradient to record, or `Co` not
 /// whole blocks.
-pub fn depthwise_nhwc_q8(x: &Tensor, w: &Tensor, bias: &Tensor, act: DwActivation, cfg: DepthwiseConfig) -> candle_core::Result<Option<(Vec<u8>, Vec<f32>)>> {
+pub(crate) fn depthwise_nhwc_q8(x: &Tensor, w: &Tensor, bias: &Tensor, act: DwActivation, cfg: DepthwiseConfig) -> candle_core::Result<Option<(Vec<u8>, Vec<f32>)>> {
     use super::int8_gemm::{quantize_row_into, BLOCK};
     let runs = [x, w, bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && !t.track_op());
     let &[b, h, wd, c] = x.dims() else {

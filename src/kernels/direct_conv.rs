@@ -14,7 +14,7 @@ mod avx2;
 mod avx512;
 
 /// Largest kernel side this kernel takes (the border masks are precomputed per kernel column).
-pub const MAX_KERNEL: usize = 7;
+pub(crate) const MAX_KERNEL: usize = 7;
 
 /// The register tiles, by instruction set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -55,14 +55,14 @@ const CHUNK: usize = 1 << 14;
 /// `a · b + c`, fused into one instruction when `FUSED` (inside a [`simd_fn`] body on a CPU with
 /// FMA: Rust never contracts a multiply and an add by itself), else a multiply and an add.
 #[inline(always)]
-pub fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub(crate) fn madd<const FUSED: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FUSED { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// `eˣ` for `x ≤ 0` (Cephes' polynomial, relative error ~1e-7; results below 2⁻¹²⁶ flush to 0);
 /// `FUSED` as for [`madd`].
 #[inline(always)]
-pub fn exp_nonpositive<const FUSED: bool>(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive<const FUSED: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
@@ -119,7 +119,7 @@ pub fn gelu_erf<const FUSED: bool>(x: f32) -> f32 {
 }
 
 /// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).
-pub fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
+pub(crate) fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
     dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| gelu_erf_into(s, d));
 }
 
@@ -132,7 +132,7 @@ simd_fn! {
 
 simd_fn! {
     /// Applies [`gelu_erf`] to every element of `data`, on this thread.
-    pub fn gelu_erf_in_place<FUSED>(data: &mut [f32]) -> () {
+    pub(crate) fn gelu_erf_in_place<FUSED>(data: &mut [f32]) -> () {
         data.iter_mut().for_each(|x| *x = gelu_erf::<FUSED>(*x))
     }
 }

@@ -13,7 +13,7 @@ use crate::kernels::int8_gemm::PackedQ8;
 const BAND_PIXELS: usize = 512;
 
 /// The classifier's `[L, D]` weight as the band products read it.
-pub enum ClassifierWeight {
+pub(crate) enum ClassifierWeight {
     /// f32, row-major.
     F32(Vec<f32>),
     /// Rounded to Q8_0 for the int8 GEMM (the head of a Q8_0 file), its features rounded per row.
@@ -22,7 +22,7 @@ pub enum ClassifierWeight {
 
 /// The part of a folded decode head after its stage projections (`linear_fuse` and the BatchNorm
 /// multiplied into them): the bias, the ReLU and the classifier.
-pub struct FoldedDecode {
+pub(crate) struct FoldedDecode {
     /// `BN bias + Σ_s linear_fuse[:, block(s)] · proj_s.bias` `[D]`.
     pub bias: Vec<f32>,
     /// The classifier `[L, D]` and its bias `[L]`.
@@ -31,7 +31,7 @@ pub struct FoldedDecode {
 }
 
 /// One stage's map after its folded linear: channels-last `[B, h·w, D]` values, `h`, `w`.
-pub type StageMap<'a> = (&'a [f32], usize, usize);
+pub(crate) type StageMap<'a> = (&'a [f32], usize, usize);
 
 thread_local! {
     /// Each worker's band of fused features.

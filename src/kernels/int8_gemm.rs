@@ -5,7 +5,7 @@
 //! The weights are repacked once at load into 32-column panels.
 use rayon::prelude::*;
 
-pub use super::q8_rows::BLOCK;
+pub(crate) use super::q8_rows::BLOCK;
 use super::q8_rows::{block_scale, blocks_per_row, BLOCK_BYTES};
 
 /// Output columns per weight panel (two 16-lane registers).
@@ -187,7 +187,7 @@ impl PackedQ8 {
     /// the same blocks as dequantizing it and rounding the values as Candle rounds f32 to Q8_0
     /// ([`q4k_to_q8_0`]). `None` when `k` is not a multiple of 256 or the data does not have the size
     /// of `n · k/256` blocks.
-    pub fn from_q4k(data: &[u8], n: usize, k: usize) -> Option<Self> {
+    pub(crate) fn from_q4k(data: &[u8], n: usize, k: usize) -> Option<Self> {
         if k == 0 || n == 0 || !k.is_multiple_of(Q4K_VALUES) || data.len() != n.checked_mul(k / Q4K_VALUES)?.checked_mul(Q4K_BYTES)? {
             return None;
         }
@@ -261,7 +261,7 @@ impl PackedQ8 {
 
     /// [`Self::matmul`] into `out` (`m × n`, row-major, written whole); an error where this CPU has
     /// no int8 kernel or the lengths do not fit.
-    pub fn matmul_into(&self, x: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) -> candle_core::Result<()> {
+    pub(crate) fn matmul_into(&self, x: &[f32], m: usize, bias: Option<&[f32]>, out: &mut [std::mem::MaybeUninit<f32>]) -> candle_core::Result<()> {
         let Some(kernel) = Kernel::detect() else { candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI or AVX-VNNI") };
         if Some(x.len()) != m.checked_mul(self.k) || bias.is_some_and(|b| b.len() != self.n) || Some(out.len()) != m.checked_mul(self.n) {
             candle_core::bail!("int8 GEMM: input of {} values for {m} rows of {}, bias of {:?}, output of {} for {} outputs", x.len(), self.k, bias.map(<[f32]>::len), out.len(), self.n);
@@ -272,7 +272,7 @@ impl PackedQ8 {
 
     /// `x Wᵀ + bias` for activations already rounded by [`quantize_rows`] (or row by row by
     /// [`quantize_row_into`]): the bytes `qa` `[m, k]` and the block scales `da` `[m, k/32]`.
-    pub fn matmul_quantized(&self, qa: &[u8], da: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
+    pub(crate) fn matmul_quantized(&self, qa: &[u8], da: &[f32], m: usize, bias: Option<&[f32]>) -> candle_core::Result<Vec<f32>> {
         let Some(kernel) = Kernel::detect() else { candle_core::bail!("the int8 GEMM needs a CPU with AVX-512 VNNI or AVX-VNNI") };
         if Some(qa.len()) != m.checked_mul(self.k) || Some(da.len()) != m.checked_mul(self.k / BLOCK) || bias.is_some_and(|b| b.len() != self.n) {
             candle_core::bail!("int8 GEMM: {} bytes and {} scales for {m} rows of {}, bias of {:?} for {} outputs", qa.len(), da.len(), self.k, bias.map(<[f32]>::len), self.n);
@@ -343,7 +343,7 @@ struct Tile<'a> {
 /// Quantizes each row of `x [m, k]` in blocks of 32 to `round(x / d) + 128` (unsigned bytes) with
 /// `d = max|x| / 127` per block; returns the bytes `[m, k]` and the scales `[m, k/32]`. A block
 /// holding a non-finite value gets a NaN scale, so the product is not finite either.
-pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+pub(crate) fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
     let kb = k / BLOCK;
     let mut q = vec![0u8; m * k];
     let mut d = vec![0f32; m * kb];
@@ -353,7 +353,7 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
 
 /// [`quantize_rows`]' rounding of the values `x` (whole blocks of 32) into the bytes `q` (as long)
 /// and one scale per block in `d`.
-pub fn quantize_row_into(x: &[f32], q: &mut [u8], d: &mut [f32]) {
+pub(crate) fn quantize_row_into(x: &[f32], q: &mut [u8], d: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512F was detected.

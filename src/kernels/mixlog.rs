@@ -14,7 +14,7 @@ use crate::error::Result;
 const PIXELS: usize = 256;
 
 /// The constants of transformers' `chmv2_mixlog` normalisation.
-pub struct MixLog {
+pub(crate) struct MixLog {
     /// Upper clamp of the shift that makes the smallest bin weight non-negative.
     pub max_clamp: f32,
     /// Added to that shift.
@@ -29,7 +29,7 @@ pub struct MixLog {
 /// the logits are not f32 on the CPU or record a gradient (then Candle's ops run). Per pixel, as
 /// transformers: `y = relu(x)`, `y += clamp(-min y, 0, max_clamp) + eps_shift`, `d = Σ y` (1 when
 /// not finite, at least eps), `out = max(Σ (y / d) · max(bin, eps), eps) · scale`.
-pub fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Option<Tensor>> {
+pub(crate) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Option<Tensor>> {
     if !plain_f32_cpu(x) {
         return Ok(None);
     }
@@ -74,7 +74,7 @@ fn by_bands(b: usize, hw: usize, band: impl Fn(usize, usize, &mut [f32]) + Sync)
 /// and reduced there, so the `[B, n, H, W]` logits (177 MB at 416²) are never written, checked
 /// and read back. `None` where [`mixlog_heights`] would decline, or the conv is not a 1×1 from
 /// `k` to `n = bins.len()` channels in f32.
-pub fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
+pub(crate) fn mixlog_heights_from_hidden(hidden: &Tensor, weight: &Tensor, bias: Option<&Tensor>, bins: &[f32], c: &MixLog) -> Result<Option<(Tensor, Vec<bool>)>> {
     if !plain_f32_cpu(hidden) || !plain_f32_cpu(weight) || bias.is_some_and(|b| !plain_f32_cpu(b)) {
         return Ok(None);
     }

@@ -2,24 +2,24 @@
 //! direct convolutions, depthwise and channels-last convolutions, fused attention and fast math.
 //! Every `unsafe` of the compute path lives in this module; the layers in [`crate::nn`] call it.
 pub mod amx;
-pub mod bilinear_cpu;
+pub(crate) mod bilinear_cpu;
 pub mod conv2d;
-pub mod conv_nhwc;
+pub(crate) mod conv_nhwc;
 pub mod conv_transpose;
-pub mod cpu_slice;
+pub(crate) mod cpu_slice;
 pub mod depthwise;
 pub mod direct_conv;
 pub mod fast_math;
-pub mod folded_decode;
-pub mod fused_attention;
+pub(crate) mod folded_decode;
+pub(crate) mod fused_attention;
 pub mod gemm;
 pub(crate) mod half_amx;
 pub mod int8_attention;
 pub mod int8_gemm;
 pub mod mixlog;
-pub mod panel_gemm;
-pub mod q8_rows;
+pub(crate) mod panel_gemm;
+pub(crate) mod q8_rows;
 pub mod residual;
 #[cfg(test)]
 pub(crate) mod test_values;
-pub mod winograd;
+pub(crate) mod winograd;

@@ -9,7 +9,7 @@
 //! two Zen 2 cores against its ~186 on the ViT linears).
 
 /// Columns of one packed panel (two ymm registers).
-pub const NR: usize = 16;
+pub(crate) const NR: usize = 16;
 /// Rows of the AVX2 register tile.
 #[cfg(target_arch = "x86_64")]
 const MR: usize = 6;
@@ -33,7 +33,7 @@ pub fn available() -> bool {
 }
 
 /// Right-hand operand `B [k, n]` packed as `ceil(n / 16)` panels of `k × 16` floats.
-pub struct Panels {
+pub(crate) struct Panels {
     data: Vec<f32>,
     k: usize,
     n: usize,
@@ -42,7 +42,7 @@ pub struct Panels {
 impl Panels {
     /// Packs `B = Xᵀ` for `X [n, k]` whose row `j` starts at `rows(j)` (`k` contiguous floats):
     /// the keys of `q kᵀ`, a linear layer's weight.
-    pub fn from_rows<'a>(n: usize, k: usize, rows: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub(crate) fn from_rows<'a>(n: usize, k: usize, rows: impl Fn(usize) -> &'a [f32]) -> Self {
         let mut p = Panels::zeroed(k, n);
         for (pi, panel) in p.data.chunks_exact_mut((k * NR).max(1)).enumerate() {
             for c in 0..NR.min(n - pi * NR) {
@@ -56,7 +56,7 @@ impl Panels {
 
     /// Packs `B [k, n]` whose row `kk` starts at `rows(kk)` (`n` contiguous floats): the values of
     /// `s v`.
-    pub fn from_columns<'a>(k: usize, n: usize, rows: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub(crate) fn from_columns<'a>(k: usize, n: usize, rows: impl Fn(usize) -> &'a [f32]) -> Self {
         let mut p = Panels::zeroed(k, n);
         for kk in 0..k {
             let row = &rows(kk)[..n];
@@ -77,7 +77,7 @@ impl Panels {
 ///
 /// # Panics
 /// When [`available`] is false, or `a` / `c` are too short for `m` rows at their strides.
-pub fn multiply(a: &[f32], lda: usize, m: usize, b: &Panels, c: &mut [f32], ldc: usize, accumulate: bool) {
+pub(crate) fn multiply(a: &[f32], lda: usize, m: usize, b: &Panels, c: &mut [f32], ldc: usize, accumulate: bool) {
     multiply_on(wide_available(), a, lda, m, b, c, ldc, accumulate)
 }
 

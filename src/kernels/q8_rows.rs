@@ -4,13 +4,13 @@
 //! weight keeps Q8_0's memory (8.5 bits per value). Also the GGUF Q8_0 block layout both CPU paths read.
 
 /// Values per Q8_0 block.
-pub const BLOCK: usize = 32;
+pub(crate) const BLOCK: usize = 32;
 /// Bytes of one Q8_0 block in a GGUF tensor: an f16 scale and 32 signed bytes.
-pub const BLOCK_BYTES: usize = 2 + BLOCK;
+pub(crate) const BLOCK_BYTES: usize = 2 + BLOCK;
 
 /// The blocks per row of an `[n, k]` Q8_0 matrix stored in `len` bytes; `None` when `k` is not a
 /// whole number of blocks, the matrix is empty or the length disagrees.
-pub fn blocks_per_row(len: usize, n: usize, k: usize) -> Option<usize> {
+pub(crate) fn blocks_per_row(len: usize, n: usize, k: usize) -> Option<usize> {
     if k == 0 || n == 0 || !k.is_multiple_of(BLOCK) {
         return None;
     }
@@ -20,12 +20,12 @@ pub fn blocks_per_row(len: usize, n: usize, k: usize) -> Option<usize> {
 
 /// The scale of one Q8_0 block (its first two bytes, f16 little-endian).
 #[inline(always)]
-pub fn block_scale(block: &[u8]) -> f32 {
+pub(crate) fn block_scale(block: &[u8]) -> f32 {
     half::f16::from_le_bytes([block[0], block[1]]).to_f32()
 }
 
 /// A Q8_0 matrix `[n, k]`, row-major blocks as GGUF stores them.
-pub struct Q8Rows {
+pub(crate) struct Q8Rows {
     n: usize,
     k: usize,
     blocks: Vec<u8>,
@@ -57,7 +57,7 @@ impl Q8Rows {
 
     /// Writes rows `first ..` of the matrix in f32 into `dst` (a whole number of rows, inside the
     /// matrix).
-    pub fn widen_rows(&self, first: usize, dst: &mut [f32]) {
+    pub(crate) fn widen_rows(&self, first: usize, dst: &mut [f32]) {
         let row_bytes = self.k / BLOCK * BLOCK_BYTES;
         let src = &self.blocks[first * row_bytes..][..dst.len() / BLOCK * BLOCK_BYTES];
         widen(src, dst);

@@ -10,7 +10,7 @@ use super::cpu_slice::with_contiguous;
 const ROWS_PER_TASK: usize = 64;
 
 /// `x + h · gamma` for `x`, `h` of one shape and `gamma` of their last dimension's length.
-pub fn add_scaled(x: &Tensor, h: &Tensor, gamma: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn add_scaled(x: &Tensor, h: &Tensor, gamma: &Tensor) -> candle_core::Result<Tensor> {
     let one_pass = [x, h, gamma].iter().all(|t| t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op())
         && x.dims() == h.dims()
         && gamma.dims() == [x.dims().last().copied().unwrap_or(0)]

@@ -71,7 +71,7 @@ fn transform_weights(o: usize, c: usize, weight: &[f32], bias: Option<&[f32]>) -
 /// added to the output as it is written (DPT's pre-activation units: `x + conv(relu(conv(relu(x))))`
 /// without three more passes over the feature map).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Fused<'a> {
+pub(crate) struct Fused<'a> {
     /// Convolve `relu(x)` instead of `x`.
     pub relu_input: bool,
     /// `[b, o, h, w]` added to the output (after the bias, as a separate add would).
@@ -99,7 +99,7 @@ pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weig
 /// be, for a resize that shrinks past [`super::bilinear_cpu::RowPlan`]'s window, or when `src`'s
 /// length disagrees with the shape.
 #[allow(clippy::too_many_arguments)]
-pub fn conv3x3_upsampled(b: usize, c: usize, (sh, sw): (usize, usize), (h, w): (usize, usize), align_corners: bool, o: usize, src: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
+pub(crate) fn conv3x3_upsampled(b: usize, c: usize, (sh, sw): (usize, usize), (h, w): (usize, usize), align_corners: bool, o: usize, src: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
     use super::bilinear_cpu::{taps, RowPlan};
     if sh == 0 || sw == 0 || h == 0 || w == 0 || src.len() != b.checked_mul(c)?.checked_mul(sh)?.checked_mul(sw)? {
         return None;

@@ -4,7 +4,7 @@
 use candle_core::Device;
 
 /// Bytes the device can spare now, if it can tell.
-pub fn available_bytes(device: &Device) -> Option<u64> {
+pub(crate) fn available_bytes(device: &Device) -> Option<u64> {
     match device {
         Device::Cpu => cpu_available(),
         #[cfg(feature = "cuda")]
@@ -20,7 +20,7 @@ pub fn available_bytes(device: &Device) -> Option<u64> {
 }
 
 /// `MemAvailable` from `/proc/meminfo`, capped by the cgroup's limit minus its usage (v2 or v1).
-pub fn cpu_available() -> Option<u64> {
+pub(crate) fn cpu_available() -> Option<u64> {
     let mem = std::fs::read_to_string("/proc/meminfo").ok().and_then(|t| meminfo_available(&t));
     let cgroup = cgroup_headroom();
     match (mem, cgroup) {
@@ -30,7 +30,7 @@ pub fn cpu_available() -> Option<u64> {
 }
 
 /// `MemAvailable` (bytes) in a `/proc/meminfo` text.
-pub fn meminfo_available(text: &str) -> Option<u64> {
+pub(crate) fn meminfo_available(text: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kb.checked_mul(1024)

@@ -3,4 +3,4 @@
 //! (`models::footprint`).
 pub mod available;
 
-pub use available::available_bytes;
+pub(crate) use available::available_bytes;

@@ -70,7 +70,7 @@ pub trait Family: Sync + 'static {
 }
 
 /// A parsed config of some family, as the registry holds it.
-pub type AnyConfig = Box<dyn Any + Send + Sync>;
+pub(crate) type AnyConfig = Box<dyn Any + Send + Sync>;
 
 /// A [`Family`] with its config type erased, as the registry lists it.
 pub trait Descriptor: Sync {
@@ -101,7 +101,7 @@ pub trait Descriptor: Sync {
 }
 
 /// The registry's entry for family `F`.
-pub struct Registered<F: Family>(PhantomData<F>);
+pub(crate) struct Registered<F: Family>(PhantomData<F>);
 
 impl<F: Family> Registered<F> {
     /// The entry.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 const F32: u64 = 4;
 
 /// A ViT backbone followed by a DPT neck and head, by its sizes.
-pub struct VitDpt {
+pub(crate) struct VitDpt {
     pub patch: u64,
     pub hidden: u64,
     pub heads: u64,
@@ -50,7 +50,7 @@ impl VitDpt {
 
 /// A family's estimate of its model's activation bytes for one item at network input `(h, w)`
 /// with `elem` bytes per element.
-pub type ModelEstimate = Arc<dyn Fn(u64, u64, u64) -> u64 + Send + Sync>;
+pub(crate) type ModelEstimate = Arc<dyn Fn(u64, u64, u64) -> u64 + Send + Sync>;
 
 /// What a loaded model needs to estimate its per-item activations.
 #[derive(Clone)]

@@ -62,7 +62,7 @@ pub fn architectures() -> Vec<&'static str> {
 }
 
 /// The family that recognises `arch`.
-pub fn family_of(arch: &str) -> Option<&'static dyn Descriptor> {
+pub(crate) fn family_of(arch: &str) -> Option<&'static dyn Descriptor> {
     FAMILIES.iter().copied().find(|f| f.architectures().contains(&arch))
 }
 
@@ -96,7 +96,7 @@ impl Checkpoint {
     }
 
     /// As [`Checkpoint::open`], from a store already open (`path` is where it was opened from).
-    pub fn from_store(store: Arc<WeightStore>, path: &Path) -> Result<Self> {
+    pub(crate) fn from_store(store: Arc<WeightStore>, path: &Path) -> Result<Self> {
         let arch = architecture(&store).ok_or_else(|| {
             Error::bad_file(store.root(), "no architecture: config.json has no `model_type` (and no GGUF general.architecture)")
         })?;

@@ -44,7 +44,7 @@ pub struct Size {
 
 /// The `preprocessor_config.json` beside a model (inside a model directory, or beside a single
 /// weight file), when there is one.
-pub fn processor_file(model: &Path) -> Option<PathBuf> {
+pub(crate) fn processor_file(model: &Path) -> Option<PathBuf> {
     let p = if model.is_dir() { model.join("preprocessor_config.json") } else { model.with_file_name("preprocessor_config.json") };
     p.exists().then_some(p)
 }
@@ -90,7 +90,7 @@ pub fn to_pixel_values(img: &RgbImage, h: usize, w: usize, filter: Filter, mean:
 }
 
 /// `(x / 255 − mean) / std` per channel, as `[3, H, W]` f32.
-pub fn normalize(img: &RgbImage, mean: [f32; 3], std: [f32; 3], device: &Device) -> Result<Tensor> {
+pub(crate) fn normalize(img: &RgbImage, mean: [f32; 3], std: [f32; 3], device: &Device) -> Result<Tensor> {
     let (w, h) = img.dimensions();
     let (w, h) = (w as usize, h as usize);
     let mut data = vec![0f32; 3 * h * w];

@@ -17,7 +17,7 @@ pub enum Slot {
 }
 
 /// A backbone tensor's place: (stage, slot), ordered as the forward pass runs.
-pub type Position = (usize, Slot);
+pub(crate) type Position = (usize, Slot);
 
 /// How a family names its backbone: the prefix of every backbone tensor and where each one sits.
 #[derive(Debug, Clone, Copy)]
@@ -29,18 +29,18 @@ pub struct TrainingLayout {
 }
 
 /// The number after `prefix` in `name` (`backbone.layer.` + `3.mlp…` → 3).
-pub fn number_after(name: &str, prefix: &str) -> Option<usize> {
+pub(crate) fn number_after(name: &str, prefix: &str) -> Option<usize> {
     name.strip_prefix(prefix)?.split('.').next()?.parse().ok()
 }
 
 /// Two numbers after `prefix` (`block.` + `2.1.attn…` → (2, 1)).
-pub fn two_numbers_after(name: &str, prefix: &str) -> Option<(usize, usize)> {
+pub(crate) fn two_numbers_after(name: &str, prefix: &str) -> Option<(usize, usize)> {
     let mut it = name.strip_prefix(prefix)?.split('.');
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// A single-stage ViT: embeddings, numbered blocks, a final norm.
-pub fn vit_position(name: &str, embed: &str, blocks: &str, norm: &str) -> Option<Position> {
+pub(crate) fn vit_position(name: &str, embed: &str, blocks: &str, norm: &str) -> Option<Position> {
     if name.starts_with(embed) {
         Some((0, Slot::Embed))
     } else if let Some(i) = number_after(name, blocks) {

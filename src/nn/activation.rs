@@ -18,7 +18,7 @@ pub enum Activation {
 
 impl Activation {
     /// Parses a transformers activation name.
-    pub fn from_name(name: &str) -> Result<Self> {
+    pub(crate) fn from_name(name: &str) -> Result<Self> {
         Ok(match name {
             "gelu" => Activation::Gelu,
             "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Activation::GeluTanh,

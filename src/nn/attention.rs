@@ -57,14 +57,14 @@ pub fn sdpa_candle(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<
 }
 
 /// Splits `[B, N, heads·D]` into a `[B, heads, N, D]` view (no copy).
-pub fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
+pub(crate) fn split_heads(x: &Tensor, heads: usize) -> Result<Tensor> {
     let (b, n, c) = x.dims3()?;
     Ok(x.reshape((b, n, heads, c / heads))?.transpose(1, 2)?)
 }
 
 /// Splits a fused projection `[B, N, 3·heads·D]` (all of q, then k, then v) into three
 /// `[B, heads, N, D]` views of it (no copy: the fused attention reads them in place).
-pub fn split_fused_qkv(t: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
+pub(crate) fn split_fused_qkv(t: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, n, c) = t.dims3()?;
     if heads == 0 || c % (3 * heads) != 0 {
         return Err(Error::Input(format!("attention: a fused q/k/v width of {c} does not split into 3 x {heads} heads")));
@@ -75,7 +75,7 @@ pub fn split_fused_qkv(t: &Tensor, heads: usize) -> Result<(Tensor, Tensor, Tens
 }
 
 /// Merges `[B, heads, N, D]` back into `[B, N, heads·D]`.
-pub fn merge_heads(x: &Tensor) -> Result<Tensor> {
+pub(crate) fn merge_heads(x: &Tensor) -> Result<Tensor> {
     let (b, h, n, d) = x.dims4()?;
     Ok(x.transpose(1, 2)?.reshape((b, n, h * d))?)
 }

@@ -29,7 +29,7 @@ impl Conv2d {
     /// Holds the weight rounded to Q8_0 as well, so that [`Conv2d::forward_tokens`] runs the int8
     /// GEMM on f32 CPU tokens (a Q8_0 model's convs); a no-op where the weight trains, this CPU has
     /// no int8 kernel or a patch is not whole Q8_0 blocks.
-    pub fn hold_int8_for_tokens(&mut self) -> Result<()> {
+    pub(crate) fn hold_int8_for_tokens(&mut self) -> Result<()> {
         let cfg = self.config();
         if cfg.groups == 1 && cfg.dilation == 1 && !super::grad::records(self.weight()) {
             self.tokens_int8 = crate::kernels::conv_nhwc::Int8Weight::new(self.weight())?.map(std::sync::Arc::new);
@@ -59,7 +59,7 @@ impl Conv2d {
 
     /// The conv of tokens `[B, h·w, C]` of an `h × w` map: tokens `[B, OH·OW, O]` and `(OH, OW)`. f32
     /// on the CPU outside autograd by [`crate::kernels::conv_nhwc`] (no transposes); elsewhere through NCHW.
-    pub fn forward_tokens(&self, x: &Tensor, (h, w): (usize, usize)) -> Result<(Tensor, (usize, usize))> {
+    pub(crate) fn forward_tokens(&self, x: &Tensor, (h, w): (usize, usize)) -> Result<(Tensor, (usize, usize))> {
         let cfg = self.config();
         let (kh, kw) = self.weight().dims4().map(|(_, _, kh, kw)| (kh, kw))?;
         if cfg.groups == 1 && cfg.dilation == 1 {
@@ -81,7 +81,7 @@ impl Conv2d {
 
     /// `relu(conv(x))`: on a CPU with AVX-512 a 3×3 "same" conv applies the ReLU as it writes
     /// (no pass over the map of its own); elsewhere, and while autograd records, the two ops.
-    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
         if let Some(y) = self.winograd_fused(x, false, None, true)? {
             return Ok(y);
         }
@@ -92,7 +92,7 @@ impl Conv2d {
     /// "same" conv interpolates its input rows as it reads them (the upsampled map is never
     /// stored; the same values bit for bit); elsewhere, and while autograd records, the resize
     /// ([`super::interpolate::bilinear`], with its size checks) and the conv apart.
-    pub fn forward_upsampled(&self, x: &Tensor, (oh, ow): (usize, usize), align_corners: bool, relu: bool) -> Result<Tensor> {
+    pub(crate) fn forward_upsampled(&self, x: &Tensor, (oh, ow): (usize, usize), align_corners: bool, relu: bool) -> Result<Tensor> {
         if let Some(y) = self.winograd_upsampled(x, (oh, ow), align_corners, relu)? {
             return Ok(y);
         }
@@ -122,7 +122,7 @@ impl Conv2d {
     /// `conv(relu(x)) (+ residual)`: on a CPU with AVX-512, a 3×3 "same" conv takes the ReLU as
     /// it reads `x` and adds the residual as it writes (no passes of their own); elsewhere, and
     /// while autograd records, the separate ops.
-    pub fn forward_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+    pub(crate) fn forward_pre_relu(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
         if let Some(y) = self.winograd_fused(x, true, residual, false)? {
             return Ok(y);
         }

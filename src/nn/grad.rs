@@ -32,7 +32,7 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 /// The `[out, in]` matrix of 1-D linear interpolation with PyTorch's `align_corners` rule
 /// (output-to-input scale `in / out` when not aligning corners, negative sources clamped to 0).
-pub fn linear_matrix(n_in: usize, n_out: usize, align_corners: bool) -> Vec<f32> {
+pub(crate) fn linear_matrix(n_in: usize, n_out: usize, align_corners: bool) -> Vec<f32> {
     let mut m = vec![0f32; n_out * n_in];
     for (row, tap) in m.chunks_exact_mut(n_in).zip(crate::kernels::bilinear_cpu::taps(n_in, n_out, align_corners)) {
         row[tap.lo] += 1.0 - tap.t;

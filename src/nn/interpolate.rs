@@ -27,7 +27,7 @@ fn cubic2(x: f64) -> f64 {
 }
 
 /// Largest side of a resize output (feature maps never exceed the network input).
-pub const MAX_RESIZE_SIDE: usize = crate::config_check::MAX_INPUT_SIDE;
+pub(crate) const MAX_RESIZE_SIDE: usize = crate::config_check::MAX_INPUT_SIDE;
 
 /// Checks a resize of `n_in` to `n_out` samples along one axis (both in `1..=MAX_RESIZE_SIDE`).
 fn check_axis(n_in: usize, n_out: usize) -> Result<()> {
@@ -39,7 +39,7 @@ fn check_axis(n_in: usize, n_out: usize) -> Result<()> {
 
 /// The `[out, in]` matrix of 1-D bicubic interpolation (align_corners=False, borders clamped),
 /// where `scale` maps output to input coordinates.
-pub fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Result<Vec<f32>> {
+pub(crate) fn bicubic_matrix(n_in: usize, n_out: usize, scale: f64) -> Result<Vec<f32>> {
     check_axis(n_in, n_out)?;
     let mut m = vec![0f32; n_out * n_in];
     for o in 0..n_out {

@@ -22,7 +22,7 @@ pub fn conv2d(vb: &Vb, in_c: usize, out_c: usize, k: usize, cfg: Conv2dConfig, b
 }
 
 /// Loads a ConvTranspose2d with square kernel `k` (weight layout `[in, out, k, k]`).
-pub fn conv_transpose2d(vb: &Vb, in_c: usize, out_c: usize, k: usize, cfg: ConvTranspose2dConfig) -> Result<ConvTranspose2d> {
+pub(crate) fn conv_transpose2d(vb: &Vb, in_c: usize, out_c: usize, k: usize, cfg: ConvTranspose2dConfig) -> Result<ConvTranspose2d> {
     let w = vb.get((in_c, out_c, k, k), "weight")?;
     let b = vb.get(out_c, "bias")?;
     Ok(ConvTranspose2d::new(w, Some(b), cfg))

@@ -64,7 +64,7 @@ fn dequantized_for(q: &QMatMul, x: &Tensor) -> candle_core::Result<Option<Tensor
 
 /// Whether a matrix stored as `dtype` runs the int8 GEMM on this CPU: Q8_0 as it is, Q4_K rounded to
 /// Q8_0 at load ([`held_for_cpu`]).
-pub fn runs_int8_when_stored_as(dtype: GgmlDType) -> bool {
+pub(crate) fn runs_int8_when_stored_as(dtype: GgmlDType) -> bool {
     matches!(dtype, GgmlDType::Q8_0 | GgmlDType::Q4K) && int8_gemm::available()
 }
 
@@ -194,7 +194,7 @@ impl Linear {
 
     /// `weight` `[out, in]` (f32, CPU) rounded to Q8_0 and held for the int8 GEMM, as a Q8_0 file's
     /// linear is held; `None` where this CPU has no int8 kernel or `in` is not a whole number of blocks.
-    pub fn int8_from_f32(weight: &Tensor, bias: Option<Tensor>) -> Result<Option<Self>> {
+    pub(crate) fn int8_from_f32(weight: &Tensor, bias: Option<Tensor>) -> Result<Option<Self>> {
         let out_dim = weight.dim(0)?;
         if !weight.device().is_cpu() || !int8_gemm::available() {
             return Ok(None);
@@ -206,7 +206,7 @@ impl Linear {
     /// `[rows, out]` from activations already rounded to 8 bits in Q8_0 blocks (`q` `[rows, in]`,
     /// `d` `[rows, in/32]`, [`int8_gemm::quantize_rows`]' rounding), on the CPU, where the weight
     /// runs the int8 GEMM and the bias does not train; `None` otherwise.
-    pub fn forward_quantized(&self, q: &[u8], d: &[f32], rows: usize) -> candle_core::Result<Option<Tensor>> {
+    pub(crate) fn forward_quantized(&self, q: &[u8], d: &[f32], rows: usize) -> candle_core::Result<Option<Tensor>> {
         let Weight::Int8(packed) = &self.weight else { return Ok(None) };
         let Some(bias) = frozen_bias(self.bias.as_ref())? else { return Ok(None) };
         let y = packed.matmul_quantized(q, d, rows, bias.as_deref())?;
@@ -214,7 +214,7 @@ impl Linear {
     }
 
     /// Whether the product runs through the int8 GEMM (its activations rounded to 8 bits).
-    pub fn runs_int8(&self) -> bool {
+    pub(crate) fn runs_int8(&self) -> bool {
         matches!(self.weight, Weight::Int8(_))
     }
 
@@ -326,7 +326,7 @@ impl Module for Linear {
 impl Linear {
     /// `gelu_erf(self.forward(x))`, with the bias and the GELU in one pass over the product on the
     /// CPU f32 paths (the transformer MLPs' first layer).
-    pub fn forward_gelu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+    pub(crate) fn forward_gelu(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         self.forward_then(x, Post::GeluErf)
     }
 

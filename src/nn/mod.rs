@@ -10,6 +10,6 @@ pub mod interpolate;
 pub mod layers;
 pub mod linear;
 pub mod rope;
-pub mod rope2d;
+pub(crate) mod rope2d;
 
 pub use linear::Linear;

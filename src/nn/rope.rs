@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 
 /// The per-head inverse frequencies, computed as PyTorch does in float32:
 /// `1 / θ ** arange(0, 1, 4 / D)`.
-pub fn inv_freq(head_dim: usize, theta: f64) -> Result<Vec<f32>> {
+pub(crate) fn inv_freq(head_dim: usize, theta: f64) -> Result<Vec<f32>> {
     if head_dim == 0 || head_dim % 4 != 0 {
         return Err(Error::Config(format!("RoPE head width {head_dim} is not a positive multiple of 4")));
     }
@@ -29,7 +29,7 @@ pub fn inv_freq(head_dim: usize, theta: f64) -> Result<Vec<f32>> {
 }
 
 /// Normalised patch-centre coordinates `(y, x)` for an `ph`×`pw` grid, row-major (float32, as PyTorch).
-pub fn patch_coords(ph: usize, pw: usize) -> Vec<(f32, f32)> {
+pub(crate) fn patch_coords(ph: usize, pw: usize) -> Vec<(f32, f32)> {
     let axis = |n: usize| -> Vec<f32> { (0..n).map(|i| 2.0f32 * ((i as f64 + 0.5) as f32 / n as f32) - 1.0).collect() };
     let (ys, xs) = (axis(ph), axis(pw));
     let mut out = Vec::with_capacity(ph * pw);

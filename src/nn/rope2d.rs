@@ -53,7 +53,7 @@ impl Rope2d {
     /// Positions of a `ph`×`pw` patch grid, `(y + 1, x + 1)` row-major after `prefix` tokens at `(0, 0)`;
     /// with `uniform`, every patch is at `(1, 1)` (the reference's `pos_nodiff` for global attention).
     /// The whole sequence is repeated `views` times (tokens of several views concatenated).
-    pub fn grid_positions(ph: usize, pw: usize, prefix: usize, views: usize, uniform: bool) -> Vec<(usize, usize)> {
+    pub(crate) fn grid_positions(ph: usize, pw: usize, prefix: usize, views: usize, uniform: bool) -> Vec<(usize, usize)> {
         let mut pos = Vec::with_capacity(views * (prefix + ph * pw));
         for _ in 0..views {
             pos.extend(std::iter::repeat_n((0, 0), prefix));

@@ -124,7 +124,7 @@ impl<W: Write + Seek> GgufWriter<W> {
     }
 
     /// The tensor expected next, if any.
-    pub fn next_tensor(&self) -> Option<&PlannedTensor> {
+    pub(crate) fn next_tensor(&self) -> Option<&PlannedTensor> {
         self.planned.get(self.next)
     }
 

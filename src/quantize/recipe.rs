@@ -53,7 +53,7 @@ impl Default for Recipe {
 }
 
 /// Matches `name` against a glob with `*` wildcards (any run of characters, dots included).
-pub fn glob_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == name;

@@ -14,10 +14,10 @@ use candle_core::Device;
 use crate::error::{Error, Result};
 
 /// Passes without running out of memory before the batch grows again.
-pub const GROW_AFTER: usize = 4;
+pub(crate) const GROW_AFTER: usize = 4;
 
 /// The environment variable of the injection hook.
-pub const INJECT_ENV: &str = "EDGERUN_INJECT_OOM_ABOVE";
+pub(crate) const INJECT_ENV: &str = "EDGERUN_INJECT_OOM_ABOVE";
 
 /// An error that may be a device running out of memory (the back-off halves the batch on one).
 pub trait MemoryFailure {
@@ -72,7 +72,7 @@ impl AdaptiveBatch {
     }
 
     /// Changes the cap (a new plan, e.g. for another input size); the batch never exceeds it.
-    pub fn set_cap(&mut self, cap: usize) {
+    pub(crate) fn set_cap(&mut self, cap: usize) {
         self.cap = cap.max(1);
         self.current = self.current.min(self.cap);
     }

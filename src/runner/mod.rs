@@ -3,7 +3,7 @@
 //! [`plan`] holds the settings (`--batch`, `--mem-budget`), [`backoff`] the halving and regrowing
 //! batch, and [`ItemRunner`] puts them together: it plans ("a fixed batch, or the budget divided by
 //! the per-item estimate"), logs the plan, and runs items in passes that back off.
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod plan;
 
 use candle_core::Device;

@@ -6,7 +6,7 @@ use crate::memory::available_bytes;
 use crate::error::{Error, Result};
 
 /// Largest batch accepted (`--batch N`) or planned (`auto`).
-pub const MAX_BATCH: usize = 256;
+pub(crate) const MAX_BATCH: usize = 256;
 
 /// What `--batch` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl std::str::FromStr for BatchSetting {
 }
 
 /// Largest `--mem-budget` accepted, MiB (16 TiB).
-pub const MAX_BUDGET_MIB: u64 = 16 << 20;
+pub(crate) const MAX_BUDGET_MIB: u64 = 16 << 20;
 
 /// Bytes activations may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl MemoryBudget {
     }
 
     /// The batch `setting` allows with `per_item` bytes of activations per item.
-    pub fn batch_for(&self, setting: BatchSetting, per_item: u64) -> usize {
+    pub(crate) fn batch_for(&self, setting: BatchSetting, per_item: u64) -> usize {
         match setting {
             BatchSetting::Fixed(n) => n,
             BatchSetting::Auto => usize::try_from(self.bytes / per_item.max(1)).unwrap_or(MAX_BATCH).clamp(1, MAX_BATCH),

@@ -1,7 +1,7 @@
 //! Grouping work items into batches of equal tensor size.
 
 /// Splits item indices into runs of at most `max_batch` consecutive items whose `key` is equal.
-pub fn group_by_key<K: PartialEq>(keys: &[K], max_batch: usize) -> Vec<std::ops::Range<usize>> {
+pub(crate) fn group_by_key<K: PartialEq>(keys: &[K], max_batch: usize) -> Vec<std::ops::Range<usize>> {
     let max_batch = max_batch.max(1);
     let mut out = Vec::new();
     let mut start = 0;

@@ -95,7 +95,7 @@ impl DepthEstimator {
     }
 
     /// Whether the model predicts metric depth (DA-V2 metric, DA3Metric) rather than relative depth.
-    pub fn is_metric(&self) -> bool {
+    pub(crate) fn is_metric(&self) -> bool {
         self.outputs.metric
     }
 

@@ -44,15 +44,6 @@ impl Task {
         }
     }
 
-    /// What a model of this task is called in messages.
-    pub fn model_noun(self) -> &'static str {
-        match self {
-            Task::Depth => "depth model",
-            Task::Segmentation => "segmentation model",
-            Task::CanopyHeight => "canopy-height model",
-            Task::Events => "event model",
-        }
-    }
 }
 
 impl std::str::FromStr for Task {

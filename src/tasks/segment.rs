@@ -61,14 +61,8 @@ pub fn resize_argmax(logits: &Tensor, out_h: usize, out_w: usize) -> Result<Vec<
     Ok(out)
 }
 
-/// Argmax over classes of `logits [C, h, w]` at the logits' own resolution.
-pub fn argmax_classes(logits: &Tensor) -> Result<Vec<u32>> {
-    let (_, h, w) = logits.dims3()?;
-    resize_argmax(logits, h, w)
-}
-
 /// The PASCAL VOC colour map (bit-interleaved; class 0 black), `n` entries.
-pub fn default_palette(n: usize) -> Vec<[u8; 3]> {
+pub(crate) fn default_palette(n: usize) -> Vec<[u8; 3]> {
     (0..n)
         .map(|i| {
             let (mut c, mut rgb) = (i, [0u8; 3]);

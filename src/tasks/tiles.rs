@@ -16,9 +16,9 @@ use crate::tiling::{Combine, TileMap, TileModel};
 /// CHMv2's default `(tile, overlap)`: the checkpoint's 416² working size, 64 px overlap.
 pub const CHM_DEFAULT: (usize, usize) = (CHM_TILE, 64);
 /// Depth overlap (wide, so that the scale fit of relative depth has many pairs).
-pub const DEPTH_OVERLAP: usize = 96;
+pub(crate) const DEPTH_OVERLAP: usize = 96;
 /// Segmentation overlap.
-pub const SEG_OVERLAP: usize = 64;
+pub(crate) const SEG_OVERLAP: usize = 64;
 
 /// Canopy height per tile.
 pub struct ChmTiles<'a> {

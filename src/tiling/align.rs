@@ -4,13 +4,13 @@
 use std::ops::Range;
 
 /// Sampling step over the overlaps when fitting.
-pub const STEP: usize = 2;
+pub(crate) const STEP: usize = 2;
 /// Fewest sample pairs for a scale fit; with fewer only the shift is fitted.
-pub const MIN_PAIRS: usize = 16;
+pub(crate) const MIN_PAIRS: usize = 16;
 
 /// Running sums of `(v, u)` pairs for the fit `a·v + b ≈ u`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Fit {
+pub(crate) struct Fit {
     n: f64,
     sv: f64,
     su: f64,
@@ -20,7 +20,7 @@ pub struct Fit {
 
 impl Fit {
     /// Adds one pair (ignored unless both are finite).
-    pub fn add(&mut self, v: f32, u: f32) {
+    pub(crate) fn add(&mut self, v: f32, u: f32) {
         if v.is_finite() && u.is_finite() {
             let (v, u) = (v as f64, u as f64);
             self.n += 1.0;
@@ -31,14 +31,9 @@ impl Fit {
         }
     }
 
-    /// Number of pairs added.
-    pub fn pairs(&self) -> usize {
-        self.n as usize
-    }
-
     /// `(a, b)`: identity without pairs; shift only with fewer than [`MIN_PAIRS`] pairs, a flat
     /// tile, or a fitted scale that is not positive and finite (relative depth never inverts).
-    pub fn solve(&self) -> (f32, f32) {
+    pub(crate) fn solve(&self) -> (f32, f32) {
         if self.n == 0.0 {
             return (1.0, 0.0);
         }
@@ -59,7 +54,7 @@ impl Fit {
 
 /// A tile placed in the raster: its one-plane values and where they lie.
 #[derive(Debug, Clone)]
-pub struct Placed<'a> {
+pub(crate) struct Placed<'a> {
     /// Row-major values, `rows.len() · cols.len()`.
     pub values: &'a [f32],
     /// Raster rows covered.
@@ -69,7 +64,7 @@ pub struct Placed<'a> {
 }
 
 /// Adds to `fit` the pairs (tile value, neighbour value) on the pixels `tile` and `neighbour` share.
-pub fn add_overlap(fit: &mut Fit, tile: &Placed, neighbour: &Placed) {
+pub(crate) fn add_overlap(fit: &mut Fit, tile: &Placed, neighbour: &Placed) {
     let (r0, r1) = (tile.rows.start.max(neighbour.rows.start), tile.rows.end.min(neighbour.rows.end));
     let (c0, c1) = (tile.cols.start.max(neighbour.cols.start), tile.cols.end.min(neighbour.cols.end));
     let (tw, nw) = (tile.cols.len(), neighbour.cols.len());

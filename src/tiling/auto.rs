@@ -10,7 +10,7 @@ use crate::imageio::decode::check_size;
 use crate::imageio::ImageLimits;
 
 /// Side (pixels) above which a georeferenced TIFF is tiled when `--tile` is not given.
-pub const AUTO_SIDE: u32 = 4096;
+pub(crate) const AUTO_SIDE: u32 = 4096;
 
 /// `--tile` / `--overlap` as given on the command line (or in a config).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -27,7 +27,7 @@ pub enum Output {
 }
 
 /// The class id written at no-data pixels (the ignore index).
-pub const CLASS_NODATA: u8 = 255;
+pub(crate) const CLASS_NODATA: u8 = 255;
 
 impl Output {
     /// The output sample type.
@@ -58,7 +58,7 @@ impl Output {
 
 /// A tile taking part in blending: its map, where it lies and its weights.
 #[derive(Debug)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// The model output.
     pub map: TileMap,
     /// Raster rows covered.
@@ -74,7 +74,7 @@ pub struct Placed {
 }
 
 /// Blends the tiles covering one row of a column stripe `[x0, x1)`.
-pub struct RowBlender {
+pub(crate) struct RowBlender {
     x0: usize,
     width: usize,
     channels: usize,
@@ -91,7 +91,7 @@ impl RowBlender {
     }
 
     /// Accumulates raster row `y` from `tiles` (those not covering it are skipped).
-    pub fn blend<'a>(&mut self, y: usize, tiles: impl Iterator<Item = &'a mut Placed>) {
+    pub(crate) fn blend<'a>(&mut self, y: usize, tiles: impl Iterator<Item = &'a mut Placed>) {
         self.acc.fill(0.0);
         self.wsum.fill(0.0);
         let (x0, x1) = (self.x0, self.x0 + self.width);
@@ -118,7 +118,7 @@ impl RowBlender {
 
     /// Writes the blended row as output samples (little-endian bytes) into `out`; `nodata[x]` marks
     /// source no-data pixels of the stripe.
-    pub fn finish_row(&self, output: &Output, nodata: Option<&[bool]>, out: &mut Vec<u8>) -> Result<()> {
+    pub(crate) fn finish_row(&self, output: &Output, nodata: Option<&[bool]>, out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         let masked = |x: usize| nodata.is_some_and(|m| m[x]);
         match output {
@@ -157,7 +157,7 @@ impl RowBlender {
 }
 
 /// Finished output rows of one stripe, written out as whole blocks.
-pub struct OutBand {
+pub(crate) struct OutBand {
     x0: usize,
     width: usize,
     row_bytes: usize,
@@ -173,11 +173,6 @@ impl OutBand {
     pub fn new(x0: usize, x1: usize, kind: SampleKind, block: usize) -> Self {
         let width = x1 - x0;
         OutBand { x0, width, row_bytes: width * kind.bytes(), block, sample: kind.bytes(), y0: 0, rows: Vec::new() }
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.rows.capacity()
     }
 
     /// Appends the next row.

@@ -66,7 +66,7 @@ impl TileMap {
     }
 
     /// The one-plane values of a dense map (for depth alignment).
-    pub fn plane_mut(&mut self) -> Option<&mut [f32]> {
+    pub(crate) fn plane_mut(&mut self) -> Option<&mut [f32]> {
         match self {
             TileMap::Dense { channels: 1, values, .. } => Some(values),
             _ => None,
@@ -83,7 +83,7 @@ impl TileMap {
 
     /// Writes the values of tile row `y`, columns `u0..u1`, into `out` (channel-major: channel `c`
     /// at `out[c · (u1 − u0) ..]`). `cols` caches the column taps of a logits map between calls.
-    pub fn sample_row(&self, y: usize, u0: usize, u1: usize, cols: &mut Vec<(usize, usize, f32)>, out: &mut [f32]) {
+    pub(crate) fn sample_row(&self, y: usize, u0: usize, u1: usize, cols: &mut Vec<(usize, usize, f32)>, out: &mut [f32]) {
         let n = u1 - u0;
         match self {
             TileMap::Dense { channels, height, width, values } => {

@@ -5,11 +5,11 @@
 //! [`TilingOptions::max_stripe`] pixels, not by the raster. See `docs/tiling.md`.
 pub mod align;
 pub mod auto;
-pub mod blend;
+pub(crate) mod blend;
 pub mod map;
 pub mod plan;
 pub mod run;
-pub mod window_io;
+pub(crate) mod window_io;
 pub mod writer;
 
 use image::RgbImage;
@@ -69,4 +69,4 @@ impl TilingOptions {
 }
 
 /// Default widest column stripe (pixels).
-pub const DEFAULT_MAX_STRIPE: usize = 4096;
+pub(crate) const DEFAULT_MAX_STRIPE: usize = 4096;

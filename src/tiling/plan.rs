@@ -4,15 +4,15 @@
 use crate::error::{Error, Result};
 
 /// Smallest tile side accepted.
-pub const MIN_TILE: usize = 32;
+pub(crate) const MIN_TILE: usize = 32;
 /// Largest tile side accepted.
-pub const MAX_TILE: usize = 8192;
+pub(crate) const MAX_TILE: usize = 8192;
 
 /// Tile starts along one axis of `len` pixels for tiles of `tile` pixels overlapping by at least
 /// `overlap`: one tile (of extent `len`) when `len <= tile`, else `n = ceil((len − tile) / (tile −
 /// overlap)) + 1` starts spread evenly from 0 to `len − tile` (so every overlap is at least
 /// `overlap` and they differ by at most one pixel).
-pub fn axis_starts(len: usize, tile: usize, overlap: usize) -> Vec<usize> {
+pub(crate) fn axis_starts(len: usize, tile: usize, overlap: usize) -> Vec<usize> {
     if len <= tile || tile == 0 {
         return vec![0];
     }
@@ -71,20 +71,20 @@ impl TilePlan {
     }
 
     /// Tile columns whose extent intersects the pixel columns `x0..x1`.
-    pub fn columns_touching(&self, x0: usize, x1: usize) -> std::ops::Range<usize> {
+    pub(crate) fn columns_touching(&self, x0: usize, x1: usize) -> std::ops::Range<usize> {
         let first = self.xs.iter().position(|&s| s + self.tile_w > x0).unwrap_or(self.xs.len());
         let end = self.xs.iter().position(|&s| s >= x1).unwrap_or(self.xs.len());
         first..end.max(first)
     }
 
     /// The first row not covered by tile row `r + 1` or later (the raster height after the last).
-    pub fn rows_final_after(&self, r: usize) -> usize {
+    pub(crate) fn rows_final_after(&self, r: usize) -> usize {
         self.ys.get(r + 1).copied().unwrap_or(self.height)
     }
 }
 
 /// Checks a tile size and overlap: `MIN_TILE..=MAX_TILE`, overlap at most half the tile.
-pub fn check_tile(tile: usize, overlap: usize) -> Result<()> {
+pub(crate) fn check_tile(tile: usize, overlap: usize) -> Result<()> {
     if !(MIN_TILE..=MAX_TILE).contains(&tile) {
         return Err(Error::Input(format!("tile size {tile} px: expected {MIN_TILE} to {MAX_TILE}")));
     }
@@ -113,7 +113,7 @@ pub fn stripes(width: usize, max_stripe: usize, block: usize) -> Vec<(usize, usi
 /// The blending weight of each pixel of a tile along one axis: a raised-cosine ramp from ~0 to 1
 /// over the overlap with the previous tile and back over the overlap with the next; 1 elsewhere and
 /// at the raster edges. With two tiles overlapping, the ramps of both sum to 1 at every pixel.
-pub fn axis_weights(starts: &[usize], extent: usize, i: usize) -> Vec<f32> {
+pub(crate) fn axis_weights(starts: &[usize], extent: usize, i: usize) -> Vec<f32> {
     let s = starts[i];
     let before = if i > 0 { starts[i - 1] + extent - s } else { 0 };
     let after = match starts.get(i + 1) {

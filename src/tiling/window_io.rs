@@ -17,13 +17,13 @@ use crate::error::{Error, Result};
 use crate::imageio::{load_rgb, ImageLimits};
 
 /// Largest raster side accepted for windowed reading (2^20 pixels).
-pub const MAX_RASTER_SIDE: usize = 1 << 20;
+pub(crate) const MAX_RASTER_SIDE: usize = 1 << 20;
 /// Largest raster pixel count accepted for windowed reading (2^36).
-pub const MAX_RASTER_PIXELS: u64 = 1 << 36;
+pub(crate) const MAX_RASTER_PIXELS: u64 = 1 << 36;
 /// Largest decoded strip or tile (bytes); bigger chunks cannot be read window by window.
-pub const MAX_CHUNK_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_CHUNK_BYTES: u64 = 64 << 20;
 /// Largest window a caller may request (pixels).
-pub const MAX_WINDOW_PIXELS: u64 = 1 << 28;
+pub(crate) const MAX_WINDOW_PIXELS: u64 = 1 << 28;
 
 /// A pixel rectangle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,7 +73,7 @@ pub fn open_raster(path: &Path, limits: &ImageLimits, nodata: Option<f64>) -> Re
 }
 
 /// The `(width, height)` a TIFF declares for its first image.
-pub fn tiff_dimensions(path: &Path) -> Result<(u32, u32)> {
+pub(crate) fn tiff_dimensions(path: &Path) -> Result<(u32, u32)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let tiff = |e: tiff::TiffError| Error::bad_file(path, format!("TIFF: {e}"));
     Decoder::new(BufReader::new(file)).map_err(tiff)?.dimensions().map_err(tiff)

@@ -147,7 +147,7 @@ impl TiledTiffWriter {
     }
 
     /// Sets the ImageDescription (tag 270) text.
-    pub fn set_description(&mut self, text: &str) {
+    pub(crate) fn set_description(&mut self, text: &str) {
         let mut bytes: Vec<u8> = text.bytes().filter(|&b| b != 0).collect();
         bytes.push(0);
         self.tags.retain(|t| t.code != IMAGE_DESCRIPTION);

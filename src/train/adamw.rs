@@ -56,7 +56,7 @@ impl AdamW {
     }
 
     /// Sets β1 of the next step (one-cycle momentum cycling).
-    pub fn set_beta1(&mut self, beta1: f64) {
+    pub(crate) fn set_beta1(&mut self, beta1: f64) {
         self.cfg.beta1 = beta1;
     }
 
@@ -98,7 +98,7 @@ impl AdamW {
     }
 
     /// Restores moments saved by [`AdamW::state`] and the step count; names what is missing or misshaped.
-    pub fn load_state(&mut self, tensors: &HashMap<String, Tensor>, step_count: u64) -> Result<()> {
+    pub(crate) fn load_state(&mut self, tensors: &HashMap<String, Tensor>, step_count: u64) -> Result<()> {
         for (i, (n, p)) in self.params.iter().enumerate() {
             for (key, slot) in [(format!("exp_avg.{n}"), &mut self.exp_avg[i]), (format!("exp_avg_sq.{n}"), &mut self.exp_avg_sq[i])] {
                 let t = tensors.get(&key).ok_or_else(|| Error::Input(format!("optimiser state has no `{key}`")))?;

@@ -9,11 +9,11 @@ use crate::error::{Error, Result};
 use crate::tasks::Task;
 
 /// Largest side of a training input.
-pub const MAX_TRAIN_SIDE: usize = 4096;
+pub(crate) const MAX_TRAIN_SIDE: usize = 4096;
 /// Most epochs.
-pub const MAX_EPOCHS: usize = 100_000;
+pub(crate) const MAX_EPOCHS: usize = 100_000;
 /// Largest micro-batch and accumulation count.
-pub const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 
 /// The fine-tuning configuration (TOML; each key may be overridden on the command line).
 #[derive(Debug, Clone, Serialize, Deserialize)]

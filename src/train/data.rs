@@ -15,7 +15,7 @@ use crate::imageio::{load_rgb, ImageLimits};
 
 /// What a target file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TargetKind {
+pub(crate) enum TargetKind {
     /// `<name>.npy`: a float map (f16/f32), NaN = ignore.
     Values,
     /// `<name>.png`: 8-bit class ids (grey level or palette index); the ignore index is ignored.
@@ -35,11 +35,11 @@ impl TargetKind {
 /// Image suffixes looked for under `images/`.
 pub const IMAGE_SUFFIXES: &[&str] = &["png", "jpg", "jpeg", "tif", "tiff"];
 /// Most images in one data directory.
-pub const MAX_ITEMS: usize = 1_000_000;
+pub(crate) const MAX_ITEMS: usize = 1_000_000;
 
 /// One image and its target.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pair {
+pub(crate) struct Pair {
     /// The file stem shared by image and target.
     pub name: String,
     /// The image.
@@ -50,7 +50,7 @@ pub struct Pair {
 
 /// The pairs of a data directory, split into training and validation.
 #[derive(Debug, Clone)]
-pub struct Dataset {
+pub(crate) struct Dataset {
     /// Training pairs, sorted by name.
     pub train: Vec<Pair>,
     /// Validation pairs, sorted by name.
@@ -112,7 +112,7 @@ impl Dataset {
 
 /// How a training sample is made from a pair.
 #[derive(Debug, Clone, Copy)]
-pub struct SampleSpec {
+pub(crate) struct SampleSpec {
     /// Training resolution (H, W).
     pub size: (usize, usize),
     /// Normalisation mean (RGB).
@@ -127,7 +127,7 @@ pub struct SampleSpec {
 
 /// Light augmentation drawn per sample: brightness, contrast, gamma, noise, horizontal flip.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Augment {
+pub(crate) struct Augment {
     brightness: f32,
     contrast: f32,
     gamma: f32,
@@ -169,7 +169,7 @@ impl Augment {
 
 /// The model input of `pair`: its image resized to `spec.size` with the model's filter, optionally
 /// augmented, normalised → `[3, H, W]`.
-pub fn load_pixels(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
+pub(crate) fn load_pixels(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
     let img = load_rgb(&pair.image, &ImageLimits::default())?;
     let (h, w) = spec.size;
     crate::config_check::input_elements(h, w, 3)?;
@@ -194,7 +194,7 @@ pub fn load_pixels(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, dev
 
 /// The target of `pair` at `spec.size` (nearest neighbour; it must have its image's size, read from
 /// the image header), flipped with the image when `augment` flips → `[H, W]` f32 (class ids as values).
-pub fn load_target(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
+pub(crate) fn load_target(pair: &Pair, spec: &SampleSpec, augment: Option<Augment>, device: &Device) -> Result<Tensor> {
     let limits = ImageLimits::default();
     let ((th, tw), values) = match spec.target {
         TargetKind::Values => read_npy_2d(&pair.target)?,

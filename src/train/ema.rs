@@ -44,7 +44,7 @@ impl Ema {
     }
 
     /// timm's `get_decay(step)`.
-    pub fn decay_at(&self, step: u64) -> f64 {
+    pub(crate) fn decay_at(&self, step: u64) -> f64 {
         let t = step.saturating_sub(self.cfg.update_after_step + 1);
         if t == 0 {
             return 0.0;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crate::models::training::Features;
 
 /// Features by (validation?, index), up to a byte budget; beyond it features are recomputed.
-pub struct FeatureCache {
+pub(crate) struct FeatureCache {
     budget: usize,
     used: usize,
     items: HashMap<(bool, usize), Features>,

@@ -30,7 +30,7 @@ impl Grads {
 
     /// Adds the gradients `store` has (one part of a pass split into pieces, as activation
     /// checkpointing does); [`Grads::finish_pass`] then checks that the parts covered every parameter.
-    pub fn add_available(&mut self, store: &GradStore) -> Result<()> {
+    pub(crate) fn add_available(&mut self, store: &GradStore) -> Result<()> {
         for ((var, sum), touched) in self.vars.iter().zip(self.sums.iter_mut()).zip(self.touched.iter_mut()) {
             let Some(g) = store.get(var.as_tensor()) else { continue };
             let g = g.detach().to_dtype(DType::F32)?;
@@ -44,7 +44,7 @@ impl Grads {
     }
 
     /// Ends a backward pass: an error naming the first parameter that received no gradient in it.
-    pub fn finish_pass(&mut self) -> Result<()> {
+    pub(crate) fn finish_pass(&mut self) -> Result<()> {
         let missing = self.touched.iter().position(|t| !t);
         self.touched.iter_mut().for_each(|t| *t = false);
         match missing {

@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor};
 use crate::error::{Error, Result};
 
 /// Smallest prediction taken into a logarithm (a relative model's ReLU output can be 0).
-pub const LOG_FLOOR: f64 = 1e-12;
+pub(crate) const LOG_FLOOR: f64 = 1e-12;
 
 /// (mask as 0/1 in `pred`'s dtype, target with ignored pixels set to `fill`, count of valid pixels).
 fn valid(pred: &Tensor, target: &Tensor, positive: bool, fill: f64) -> Result<(Tensor, Tensor, f64)> {
@@ -71,7 +71,7 @@ pub fn ssi(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 }
 
 /// `log_softmax` over dimension 1 (classes), from differentiable ops.
-pub fn log_softmax_classes(logits: &Tensor) -> Result<Tensor> {
+pub(crate) fn log_softmax_classes(logits: &Tensor) -> Result<Tensor> {
     let max = logits.max_keepdim(1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;
     Ok(shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)?)

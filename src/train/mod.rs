@@ -8,7 +8,7 @@ pub mod features;
 pub mod finetune;
 pub mod grads;
 pub mod losses;
-pub mod objective;
+pub(crate) mod objective;
 pub mod outputs;
 pub mod recompute;
 pub mod rng;

@@ -10,17 +10,17 @@ use crate::models::FAMILIES;
 use crate::tasks::Task;
 
 /// The tasks that fine-tune: those some family can train.
-pub fn trainable_tasks() -> Vec<Task> {
+pub(crate) fn trainable_tasks() -> Vec<Task> {
     Task::ALL.into_iter().filter(|t| FAMILIES.iter().any(|f| f.training().is_some() && f.tasks().contains(t))).collect()
 }
 
 /// The names `task` accepts, for messages (`depth, segmentation, chm`).
-pub fn trainable_task_names() -> String {
+pub(crate) fn trainable_task_names() -> String {
     trainable_tasks().iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
 }
 
 /// What the checkpoints that fine-tune for `task` are, for messages.
-pub fn trained_checkpoints(task: Task) -> String {
+pub(crate) fn trained_checkpoints(task: Task) -> String {
     let families: Vec<String> = FAMILIES
         .iter()
         .filter(|f| f.training().is_some() && f.tasks().contains(&task))
@@ -30,7 +30,7 @@ pub fn trained_checkpoints(task: Task) -> String {
 }
 
 /// What the target files of `task` hold.
-pub fn target_kind(task: Task) -> TargetKind {
+pub(crate) fn target_kind(task: Task) -> TargetKind {
     match task {
         Task::Segmentation => TargetKind::Classes,
         _ => TargetKind::Values,
@@ -38,7 +38,7 @@ pub fn target_kind(task: Task) -> TargetKind {
 }
 
 /// The loss names `task` accepts.
-pub fn loss_names(task: Task) -> &'static [&'static str] {
+pub(crate) fn loss_names(task: Task) -> &'static [&'static str] {
     match task {
         Task::Segmentation => &["cross_entropy", "focal"],
         _ => &["ssi", "silog", "l1"],
@@ -88,7 +88,7 @@ impl Loss {
     }
 
     /// The ignore index of a segmentation loss.
-    pub fn ignore_index(self) -> Option<u32> {
+    pub(crate) fn ignore_index(self) -> Option<u32> {
         match self {
             Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => Some(ignore),
             _ => None,
@@ -118,14 +118,14 @@ impl Loss {
 /// Per-class pixel counts of intersection and union between the argmax of `logits` `[B, L, h, w]`
 /// (resized to the target) and class ids `target` `[B, H, W]`; pixels at `ignore` are not counted.
 #[derive(Debug, Clone, Default)]
-pub struct ClassOverlap {
+pub(crate) struct ClassOverlap {
     inter: Vec<u64>,
     union: Vec<u64>,
 }
 
 impl ClassOverlap {
     /// Adds a batch.
-    pub fn add(&mut self, logits: &Tensor, target: &Tensor, ignore: u32) -> Result<()> {
+    pub(crate) fn add(&mut self, logits: &Tensor, target: &Tensor, ignore: u32) -> Result<()> {
         let (th, tw) = (target.dim(1)?, target.dim(2)?);
         let classes = logits.dim(1)?;
         let pred = to_size(logits, th, tw)?.argmax(1)?.flatten_all()?.to_vec1::<u32>()?;
@@ -151,7 +151,7 @@ impl ClassOverlap {
     }
 
     /// Mean intersection over union of the classes present in prediction or target (None: none).
-    pub fn mean_iou(&self) -> Option<f64> {
+    pub(crate) fn mean_iou(&self) -> Option<f64> {
         let ious: Vec<f64> = self.inter.iter().zip(&self.union).filter(|(_, &u)| u > 0).map(|(&i, &u)| i as f64 / u as f64).collect();
         (!ious.is_empty()).then(|| ious.iter().sum::<f64>() / ious.len() as f64)
     }

@@ -15,7 +15,7 @@ use crate::weights::WeightStore;
 /// name, replaced by `updated` where it trains, plus `extra` files (the model's preprocessing). The
 /// directory is built beside `dir` and swapped in with renames, so `dir` is at every moment either
 /// the previous complete model or the new one.
-pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, extra: &[(&str, &[u8])], dir: &Path) -> Result<()> {
+pub(crate) fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, extra: &[(&str, &[u8])], dir: &Path) -> Result<()> {
     let (tmp, old) = siblings(dir)?;
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -54,7 +54,7 @@ pub fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, ex
 }
 
 /// Finishes a swap that a crash interrupted: `dir` missing but its `.old` copy present → put it back.
-pub fn recover_model_dir(dir: &Path) -> Result<()> {
+pub(crate) fn recover_model_dir(dir: &Path) -> Result<()> {
     let (tmp, old) = siblings(dir)?;
     if !dir.exists() && old.is_dir() {
         std::fs::rename(&old, dir).map_err(|e| Error::io(dir, e))?;
@@ -73,7 +73,7 @@ fn siblings(dir: &Path) -> Result<(PathBuf, PathBuf)> {
 
 /// Everything besides tensors that resume needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StateMeta {
+pub(crate) struct StateMeta {
     /// Optimiser steps taken.
     pub step: usize,
     /// AdamW's own step count.
@@ -89,7 +89,7 @@ pub struct StateMeta {
 const META_KEY: &str = "edgerun.finetune";
 
 /// Writes the state (tensors + meta) atomically to `path`.
-pub fn save_state(path: &Path, tensors: &[(String, Tensor)], meta: &StateMeta) -> Result<()> {
+pub(crate) fn save_state(path: &Path, tensors: &[(String, Tensor)], meta: &StateMeta) -> Result<()> {
     let mut cpu = Vec::with_capacity(tensors.len());
     for (n, t) in tensors {
         cpu.push((n.clone(), t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.contiguous()?));
@@ -102,7 +102,7 @@ pub fn save_state(path: &Path, tensors: &[(String, Tensor)], meta: &StateMeta) -
 }
 
 /// Reads a state written by [`save_state`] (validated like any weight file).
-pub fn load_state(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, StateMeta)> {
+pub(crate) fn load_state(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, StateMeta)> {
     let store = WeightStore::open(path)?;
     let json = match store.metadata().get(META_KEY) {
         Some(crate::weights::MetaValue::String(s)) => s.clone(),

@@ -2,7 +2,7 @@
 //! function of (seed, step) and a resumed run draws exactly what an uninterrupted one would.
 /// A SplitMix64 stream.
 #[derive(Debug, Clone)]
-pub struct SplitMix(u64);
+pub(crate) struct SplitMix(u64);
 
 impl SplitMix {
     /// A stream from `seed`.
@@ -11,7 +11,7 @@ impl SplitMix {
     }
 
     /// A stream derived from several keys (seed, epoch, index…).
-    pub fn keyed(keys: &[u64]) -> Self {
+    pub(crate) fn keyed(keys: &[u64]) -> Self {
         let mut s = SplitMix(0x9e37_79b9_7f4a_7c15);
         for &k in keys {
             s.0 ^= k;
@@ -42,7 +42,7 @@ impl SplitMix {
     }
 
     /// A permutation of `0..n` (Fisher–Yates).
-    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
+    pub(crate) fn permutation(&mut self, n: usize) -> Vec<usize> {
         let mut p: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
             let j = (self.next_u64() % (i as u64 + 1)) as usize;

@@ -17,7 +17,7 @@ pub enum TrainSpec {
 }
 
 /// Largest N in `last:N`.
-pub const MAX_LAST_BLOCKS: usize = 1024;
+pub(crate) const MAX_LAST_BLOCKS: usize = 1024;
 
 impl TrainSpec {
     /// Parses `head`, `all` or `last:N`.

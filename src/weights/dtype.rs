@@ -13,7 +13,7 @@ pub enum StoredDType {
 
 impl StoredDType {
     /// Parses a safetensors dtype string (`"F32"`, `"BF16"`, ...).
-    pub fn from_safetensors(s: &str) -> Option<Self> {
+    pub(crate) fn from_safetensors(s: &str) -> Option<Self> {
         let d = match s {
             "F64" => DType::F64,
             "F32" => DType::F32,
@@ -30,7 +30,7 @@ impl StoredDType {
     }
 
     /// Parses a GGML type id as stored in a GGUF tensor info.
-    pub fn from_ggml_id(id: u32) -> Option<Self> {
+    pub(crate) fn from_ggml_id(id: u32) -> Option<Self> {
         let t = match id {
             0 => GgmlDType::F32,
             1 => GgmlDType::F16,
@@ -93,7 +93,7 @@ impl StoredDType {
 }
 
 /// The GGML type id written into GGUF tensor infos.
-pub fn ggml_id(t: GgmlDType) -> u32 {
+pub(crate) fn ggml_id(t: GgmlDType) -> u32 {
     match t {
         GgmlDType::F32 => 0,
         GgmlDType::F16 => 1,

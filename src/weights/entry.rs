@@ -27,7 +27,7 @@ impl TensorEntry {
 }
 
 /// Checks a declared shape against the limits and returns its element count.
-pub fn checked_numel(shape: &[u64], limits: &Limits) -> Result<usize, String> {
+pub(crate) fn checked_numel(shape: &[u64], limits: &Limits) -> Result<usize, String> {
     if shape.len() > limits.max_rank {
         return Err(format!("rank {} exceeds the limit of {}", shape.len(), limits.max_rank));
     }
@@ -47,7 +47,7 @@ pub fn checked_numel(shape: &[u64], limits: &Limits) -> Result<usize, String> {
 }
 
 /// Checks that no two entries of the same file overlap.
-pub fn check_no_overlap(entries: &mut [&TensorEntry]) -> Result<(), String> {
+pub(crate) fn check_no_overlap(entries: &mut [&TensorEntry]) -> Result<(), String> {
     entries.sort_by_key(|e| e.start);
     for pair in entries.windows(2) {
         let (a, b) = (pair[0], pair[1]);

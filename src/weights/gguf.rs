@@ -184,9 +184,9 @@ impl<'a> Cursor<'a> {
 }
 
 /// The magic bytes that open every GGUF file.
-pub const MAGIC: &[u8; 4] = b"GGUF";
+pub(crate) const MAGIC: &[u8; 4] = b"GGUF";
 /// Data alignment used when the file does not set `general.alignment`.
-pub const DEFAULT_ALIGNMENT: u64 = 32;
+pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// Parses and validates a GGUF file whose whole contents are `bytes`.
 pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<GgufHeader, String> {

@@ -6,14 +6,13 @@ pub mod gguf;
 pub mod limits;
 #[cfg(unix)]
 mod mapped;
-pub mod remap;
+pub(crate) mod remap;
 pub mod safetensors;
 mod store;
 pub mod trainable;
 pub mod vb;
 
 pub use dtype::StoredDType;
-pub use entry::TensorEntry;
 pub use gguf::MetaValue;
 pub use limits::Limits;
 pub use remap::{Alias, Remap};

@@ -12,10 +12,3 @@ pub struct Alias {
 
 /// A rule mapping a requested (hub) name to where it is stored, or None when it does not apply.
 pub type Remap = Arc<dyn Fn(&str) -> Option<Alias> + Send + Sync>;
-
-/// A remap that renames one prefix to another (`from` requested, `to` stored).
-pub fn prefix(from: &'static str, to: &'static str) -> Remap {
-    Arc::new(move |name: &str| {
-        name.strip_prefix(from).map(|rest| Alias { name: format!("{to}{rest}"), chunk: None })
-    })
-}

@@ -162,7 +162,7 @@ impl WeightStore {
     }
 
     /// Opens with explicit header limits.
-    pub fn open_with_limits(path: impl AsRef<Path>, limits: &Limits) -> Result<Self> {
+    pub(crate) fn open_with_limits(path: impl AsRef<Path>, limits: &Limits) -> Result<Self> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         if meta.is_dir() {
@@ -300,7 +300,7 @@ impl WeightStore {
     }
 
     /// Where the config came from, for error messages: `…/config.json` or `….gguf (metadata edgerun.config)`.
-    pub fn config_origin(&self) -> &str {
+    pub(crate) fn config_origin(&self) -> &str {
         &self.config_origin
     }
 
@@ -512,7 +512,7 @@ impl WeightStore {
     }
 
     /// The stored element type of `name` (a plain dtype or a GGML block type), if it exists.
-    pub fn stored_dtype(&self, name: &str) -> Option<StoredDType> {
+    pub(crate) fn stored_dtype(&self, name: &str) -> Option<StoredDType> {
         self.resolve(name).map(|(entry, _)| entry.dtype)
     }
 

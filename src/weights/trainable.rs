@@ -24,7 +24,7 @@ impl Trainable {
     }
 
     /// Turns the loaded `tensor` named `name` into a Var (once per name) and returns its tensor.
-    pub fn adopt(&self, name: &str, tensor: Tensor) -> Result<Tensor> {
+    pub(crate) fn adopt(&self, name: &str, tensor: Tensor) -> Result<Tensor> {
         let mut vars = self.vars.lock().map_err(|_| Error::Config("trainable parameter registry poisoned".into()))?;
         if let Some((_, v)) = vars.iter().find(|(n, _)| n == name) {
             return Ok(v.as_tensor().clone());

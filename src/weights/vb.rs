@@ -76,12 +76,12 @@ impl Vb {
     }
 
     /// Whether the tensor `name` under this prefix loads as a trainable Var.
-    pub fn is_trainable(&self, name: &str) -> bool {
+    pub(crate) fn is_trainable(&self, name: &str) -> bool {
         self.trainable.as_ref().is_some_and(|t| t.selects(&self.path(name)))
     }
 
     /// The same view with another compute dtype (e.g. f32 for numerically sensitive parts).
-    pub fn with_dtype(&self, dtype: DType) -> Self {
+    pub(crate) fn with_dtype(&self, dtype: DType) -> Self {
         Vb { dtype, ..self.clone() }
     }
 
@@ -95,21 +95,6 @@ impl Vb {
         let shape: Shape = shape.into();
         let path = self.path(name);
         self.adopt(&path, self.store.tensor_shaped(&path, shape.dims(), self.dtype, &self.device)?)
-    }
-
-    /// Loads `name` with the expected shape if present.
-    pub fn get_opt(&self, shape: impl Into<Shape>, name: &str) -> Result<Option<Tensor>> {
-        if self.contains(name) {
-            self.get(shape, name).map(Some)
-        } else {
-            Ok(None)
-        }
-    }
-
-    /// Loads `name` in its stored shape.
-    pub fn get_any(&self, name: &str) -> Result<Tensor> {
-        let path = self.path(name);
-        self.adopt(&path, self.store.tensor(&path, self.dtype, &self.device)?)
     }
 
     /// Loads `name` as a quantized tensor when stored quantized.

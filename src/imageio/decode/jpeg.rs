@@ -19,7 +19,7 @@ fn supported(orig: ColorSpace) -> ColorSpace {
 
 /// Decodes a JPEG as 8-bit RGB with the pixels `image` would give, failing on truncated or
 /// corrupt entropy-coded data instead of filling it in.
-pub fn decode_strict(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, String> {
+pub(crate) fn decode_strict(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, String> {
     let base = DecoderOptions::default()
         .set_strict_mode(true)
         .set_max_width(limits.max_side as usize)

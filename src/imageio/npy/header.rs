@@ -39,7 +39,7 @@ impl NpyHeader {
     }
 
     /// The data size in bytes, or an error when it overflows.
-    pub fn data_bytes(&self) -> Result<usize, String> {
+    pub(crate) fn data_bytes(&self) -> Result<usize, String> {
         self.elements()?.checked_mul(self.dtype.size()).ok_or_else(|| format!("shape {:?} overflows", self.shape))
     }
 }

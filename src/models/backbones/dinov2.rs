@@ -80,7 +80,7 @@ fn yes() -> bool { true }
 
 impl Dinov2Config {
     /// The hidden-state indices (0 = embeddings, k = after block k) to return, validated.
-    pub fn feature_indices(&self) -> Result<Vec<usize>> {
+    pub(crate) fn feature_indices(&self) -> Result<Vec<usize>> {
         resolve_out_indices(self.out_indices.as_deref(), self.out_features.as_deref(), self.num_hidden_layers)
     }
 
@@ -89,7 +89,7 @@ impl Dinov2Config {
     }
 
     /// Checks every number against the shared config limits, naming keys under `s`.
-    pub fn validate_in(&self, s: Section) -> Result<()> {
+    pub(crate) fn validate_in(&self, s: Section) -> Result<()> {
         let d = s.count("hidden_size", self.hidden_size, MAX_WIDTH)?;
         s.heads("num_attention_heads", self.num_attention_heads, "hidden_size", d)?;
         s.count("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS)?;
@@ -105,7 +105,7 @@ impl Dinov2Config {
 /// The hidden-state indices (0 = embeddings, k = after block k of `layers`) that a transformers
 /// backbone config selects with `out_indices` (negative from the end) or `out_features` (`stemN`/`stageK`);
 /// the last stage when neither is given.
-pub fn resolve_out_indices(out_indices: Option<&[i64]>, out_features: Option<&[String]>, layers: usize) -> Result<Vec<usize>> {
+pub(crate) fn resolve_out_indices(out_indices: Option<&[i64]>, out_features: Option<&[String]>, layers: usize) -> Result<Vec<usize>> {
     let n = layers as i64;
     let raw: Vec<i64> = match (out_indices, out_features) {
         (Some(ix), _) => ix.to_vec(),
@@ -183,7 +183,7 @@ pub struct Dinov2Options {
 
 impl Dinov2Options {
     /// transformers DINOv2 with the given position-embedding rule.
-    pub fn hf(pos_resize: PosEmbedResize) -> Self {
+    pub(crate) fn hf(pos_resize: PosEmbedResize) -> Self {
         Dinov2Options { layout: KeyLayout::Hf, pos_resize, final_norm_eps: None, qk_norm_start: None, rope: None, alt_start: None, cat_token: false }
     }
 }
@@ -192,7 +192,7 @@ impl Dinov2Options {
 const QK_NORM_EPS: f64 = 1e-5;
 
 /// The feed-forward part of a ViT block.
-pub enum Ffn {
+pub(crate) enum Ffn {
     /// `fc2(act(fc1 x))`.
     Mlp {
         /// Up projection.
@@ -274,10 +274,10 @@ impl Ffn {
 }
 
 /// A rotation applied to per-head queries and keys `[B, heads, N, D/heads]` (rotary embeddings).
-pub type QkRotate<'a> = dyn Fn(&Tensor) -> Result<Tensor> + 'a;
+pub(crate) type QkRotate<'a> = dyn Fn(&Tensor) -> Result<Tensor> + 'a;
 
 /// Self-attention with fused q/k/v projections where the weights allow.
-pub struct SelfAttention {
+pub(crate) struct SelfAttention {
     qkv: Qkv,
     qk_norm: Option<(LayerNorm, LayerNorm)>,
     out: Linear,
@@ -322,7 +322,7 @@ impl SelfAttention {
 
     /// Loads the original layout under `vb` (`attn`): fused `qkv` `[3D, D]` (rows q, k, v), `proj`,
     /// and with `qk_norm` the per-head `q_norm` / `k_norm` LayerNorms (width D / heads).
-    pub fn load_original(vb: &Vb, dim: usize, heads: usize, bias: bool, qk_norm: bool) -> Result<Self> {
+    pub(crate) fn load_original(vb: &Vb, dim: usize, heads: usize, bias: bool, qk_norm: bool) -> Result<Self> {
         if heads == 0 || dim % heads != 0 {
             return Err(Error::Config(format!("width {dim} is not a positive multiple of {heads} heads")));
         }
@@ -338,7 +338,7 @@ impl SelfAttention {
     }
 
     /// Builds from already loaded projections (fused into one q/k/v matmul when all are dense).
-    pub fn from_linears(q: Linear, k: Linear, v: Linear, out: Linear, dim: usize, heads: usize) -> Result<Self> {
+    pub(crate) fn from_linears(q: Linear, k: Linear, v: Linear, out: Linear, dim: usize, heads: usize) -> Result<Self> {
         if heads == 0 || dim % heads != 0 {
             return Err(Error::Config(format!("width {dim} is not a positive multiple of {heads} heads")));
         }
@@ -353,7 +353,7 @@ impl SelfAttention {
 
     /// Attention with `rotate` applied to the per-head queries and keys `[B, heads, N, D/heads]`
     /// before the scores (rotary position embeddings).
-    pub fn forward_rotated(&self, x: &Tensor, rotate: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    pub(crate) fn forward_rotated(&self, x: &Tensor, rotate: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         self.attend(x, Some(rotate))
     }
 
@@ -382,7 +382,7 @@ impl SelfAttention {
 }
 
 /// One pre-norm ViT block with LayerScale.
-pub struct Block {
+pub(crate) struct Block {
     norm1: LayerNorm,
     attn: SelfAttention,
     ls1: Tensor,
@@ -406,7 +406,7 @@ impl Block {
 
     /// Loads block `index` of the original layout under `vb` (`blocks.N`): `norm1`, `attn.qkv`,
     /// `attn.proj`, (`attn.q_norm`, `attn.k_norm` from `opts.qk_norm_start`), `ls1.gamma`, `norm2`, `mlp`, `ls2.gamma`.
-    pub fn load_original(vb: &Vb, cfg: &Dinov2Config, opts: &Dinov2Options, index: usize) -> Result<Self> {
+    pub(crate) fn load_original(vb: &Vb, cfg: &Dinov2Config, opts: &Dinov2Options, index: usize) -> Result<Self> {
         let d = cfg.hidden_size;
         let qk_norm = opts.qk_norm_start.is_some_and(|s| index >= s);
         Ok(Block {
@@ -420,7 +420,7 @@ impl Block {
     }
 
     /// Builds a block from loaded parts (layer scales `[D]`).
-    pub fn from_parts(norm1: LayerNorm, attn: SelfAttention, ls1: Tensor, norm2: LayerNorm, ffn: Ffn, ls2: Tensor) -> Self {
+    pub(crate) fn from_parts(norm1: LayerNorm, attn: SelfAttention, ls1: Tensor, norm2: LayerNorm, ffn: Ffn, ls2: Tensor) -> Self {
         Block { norm1, attn, ls1, norm2, ffn, ls2 }
     }
 
@@ -431,7 +431,7 @@ impl Block {
     }
 
     /// As `forward`, with `rotate` applied to the attention's per-head queries and keys.
-    pub fn forward_rotated(&self, x: &Tensor, rotate: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    pub(crate) fn forward_rotated(&self, x: &Tensor, rotate: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
         let h = self.attn.forward_rotated(&layer_norm_grad(&self.norm1, x)?, rotate)?;
         self.finish(x, &h)
     }
@@ -561,13 +561,13 @@ impl Dinov2 {
     }
 
     /// Block `i` alone on tokens `[B, 1 + N, D]` (activation checkpointing recomputes blocks one by one).
-    pub fn block_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn block_forward(&self, i: usize, x: &Tensor) -> Result<Tensor> {
         let blk = self.blocks.get(i).ok_or_else(|| Error::Input(format!("block {i} of {}", self.blocks.len())))?;
         blk.forward(x)
     }
 
     /// The final LayerNorm when the config applies it to returned hidden states, else `x` itself.
-    pub fn output_norm(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn output_norm(&self, x: &Tensor) -> Result<Tensor> {
         Ok(if self.cfg.apply_layernorm { layer_norm_grad(&self.norm, x)? } else { x.clone() })
     }
 
@@ -605,7 +605,7 @@ impl Dinov2 {
     /// for view 0, `[1]` for the others) and odd blocks `≥ a` attend across all views of a sample.
     /// With `S ≥ 3`, before block `a − 1` the views are reordered to put the reference view first
     /// (the reference's default `saddle_balanced` choice) and outputs are put back in input order.
-    pub fn forward_views(&self, pixel_values: &Tensor, out_blocks: &[usize]) -> Result<(Vec<Tensor>, usize, usize)> {
+    pub(crate) fn forward_views(&self, pixel_values: &Tensor, out_blocks: &[usize]) -> Result<(Vec<Tensor>, usize, usize)> {
         let (b, s, c, h, w) = pixel_values.dims5()?;
         let p = self.cfg.patch_size;
         if b == 0 || s == 0 || h % p != 0 || w % p != 0 {

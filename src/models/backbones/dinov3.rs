@@ -129,7 +129,7 @@ impl Dinov3Config {
     }
 
     /// The hidden-state indices to return, validated and strictly increasing (as transformers requires).
-    pub fn feature_indices(&self) -> Result<Vec<usize>> {
+    pub(crate) fn feature_indices(&self) -> Result<Vec<usize>> {
         let ix = resolve_out_indices(self.out_indices.as_deref(), self.out_features.as_deref(), self.num_hidden_layers)?;
         if ix.windows(2).any(|w| w[0] >= w[1]) {
             return Err(Error::Config(format!("out_indices {ix:?} must be strictly increasing")));
@@ -142,7 +142,7 @@ impl Dinov3Config {
     }
 
     /// Checks every number against the shared config limits, naming keys under `s`.
-    pub fn validate_in(&self, s: Section) -> Result<()> {
+    pub(crate) fn validate_in(&self, s: Section) -> Result<()> {
         let d = s.count("hidden_size", self.hidden_size, MAX_WIDTH)?;
         s.heads("num_attention_heads", self.num_attention_heads, "hidden_size", d)?;
         if self.head_dim() % 4 != 0 {
@@ -256,7 +256,7 @@ impl Dinov3 {
     }
 
     /// Class + register tokens before the patches.
-    pub fn prefix_len(&self) -> usize {
+    pub(crate) fn prefix_len(&self) -> usize {
         1 + self.cfg.num_register_tokens
     }
 
@@ -296,7 +296,7 @@ impl Dinov3 {
 
     /// Block `i` alone on tokens `[B, 1 + R + N, D]` of a `ph`×`pw` grid, with `rope` from
     /// [`Dinov3::rope`] (activation checkpointing recomputes blocks one by one).
-    pub fn block_forward(&self, i: usize, x: &Tensor, rope: &Rope2d) -> Result<Tensor> {
+    pub(crate) fn block_forward(&self, i: usize, x: &Tensor, rope: &Rope2d) -> Result<Tensor> {
         let blk = self.blocks.get(i).ok_or_else(|| Error::Input(format!("block {i} of {}", self.blocks.len())))?;
         blk.forward_rotated(x, &|t: &Tensor| rope.apply(t))
     }
@@ -304,7 +304,7 @@ impl Dinov3 {
     /// Hidden state `k` (0 = embeddings) as the head reads it: normed as transformers does, split
     /// into the patch map (`[B, D, ph, pw]`, or tokens without `reshape_hidden_states`) and the class
     /// token when `return_class_token`.
-    pub fn stage_output(&self, k: usize, x: &Tensor, ph: usize, pw: usize) -> Result<(Tensor, Option<Tensor>)> {
+    pub(crate) fn stage_output(&self, k: usize, x: &Tensor, ph: usize, pw: usize) -> Result<(Tensor, Option<Tensor>)> {
         let s = if self.cfg.apply_layernorm || k == self.cfg.num_hidden_layers { crate::nn::grad::layer_norm(&self.norm, x)? } else { x.clone() };
         let cls = if self.cfg.return_class_token { Some(s.narrow(1, 0, 1)?.squeeze(1)?) } else { None };
         let (b, _, d) = s.dims3()?;
@@ -314,7 +314,7 @@ impl Dinov3 {
     }
 
     /// Assembles the selected stages' outputs (`(map, class token)` in index order).
-    pub fn features_from(stages: Vec<(Tensor, Option<Tensor>)>, ph: usize, pw: usize) -> Dinov3Features {
+    pub(crate) fn features_from(stages: Vec<(Tensor, Option<Tensor>)>, ph: usize, pw: usize) -> Dinov3Features {
         let mut maps = Vec::with_capacity(stages.len());
         let mut cls = Vec::with_capacity(stages.len());
         for (m, c) in stages {

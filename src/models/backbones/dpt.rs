@@ -10,12 +10,12 @@ use crate::error::{Error, Result};
 use crate::weights::Vb;
 
 /// 3×3, stride 1, padding 1.
-pub fn same3x3() -> Conv2dConfig {
+pub(crate) fn same3x3() -> Conv2dConfig {
     Conv2dConfig { padding: 1, ..Default::default() }
 }
 
 /// How a reassemble layer changes the token grid's resolution.
-pub enum Resample {
+pub(crate) enum Resample {
     /// Transposed conv, kernel = stride = factor.
     Up(ConvTranspose2d),
     /// No change.
@@ -25,20 +25,20 @@ pub enum Resample {
 }
 
 /// One reassemble layer: 1×1 projection then resample.
-pub struct ReassembleLayer {
+pub(crate) struct ReassembleLayer {
     projection: Conv2d,
     resize: Resample,
 }
 
 impl ReassembleLayer {
     /// Loads `projection` and `resize` under `vb`.
-    pub fn load(vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
         Self::load_parts(&vb.pp("projection"), &vb.pp("resize"), in_c, channels, factor)
     }
 
     /// Loads the 1×1 projection from `projection_vb` and the resample conv from `resize_vb` (the original
     /// DPT layout keeps them in separate lists: `projects.{i}`, `resize_layers.{i}`).
-    pub fn load_parts(projection_vb: &Vb, resize_vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
+    pub(crate) fn load_parts(projection_vb: &Vb, resize_vb: &Vb, in_c: usize, channels: usize, factor: f64) -> Result<Self> {
         crate::config_check::check_reassemble_factor(&crate::config_check::Section::root(), "reassemble factor", factor)?;
         let projection = conv2d(projection_vb, in_c, channels, 1, Default::default(), true)?;
         let resize = if factor > 1.0 {
@@ -79,7 +79,7 @@ impl ReassembleLayer {
 }
 
 /// Drops the first `prefix` tokens of `[B, prefix + ph·pw, C]` and lays the rest out as `[B, C, ph, pw]`.
-pub fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> Result<Tensor> {
+pub(crate) fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> Result<Tensor> {
     let (b, n, c) = tokens.dims3()?;
     if n != prefix + ph * pw {
         return Err(Error::Input(format!("{n} tokens do not make {prefix} + {ph}×{pw}")));
@@ -90,7 +90,7 @@ pub fn tokens_to_grid(tokens: &Tensor, prefix: usize, ph: usize, pw: usize) -> R
 /// Tensor names inside a fusion layer: transformers (`HF`) or original DPT (`ORIGINAL`: `out_conv`,
 /// `resConfUnit{1,2}.conv{1,2}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FusionNames {
+pub(crate) struct FusionNames {
     /// The 1×1 output conv.
     pub projection: &'static str,
     /// The residual unit on the skip input.
@@ -105,26 +105,21 @@ pub struct FusionNames {
 
 impl FusionNames {
     /// transformers DPT / Depth Anything.
-    pub const HF: FusionNames =
+    pub(crate) const HF: FusionNames =
         FusionNames { projection: "projection", residual1: "residual_layer1", residual2: "residual_layer2", conv1: "convolution1", conv2: "convolution2" };
     /// Original DPT / Depth Anything (`scratch.refinenetK`).
-    pub const ORIGINAL: FusionNames = FusionNames { projection: "out_conv", residual1: "resConfUnit1", residual2: "resConfUnit2", conv1: "conv1", conv2: "conv2" };
+    pub(crate) const ORIGINAL: FusionNames = FusionNames { projection: "out_conv", residual1: "resConfUnit1", residual2: "resConfUnit2", conv1: "conv1", conv2: "conv2" };
 }
 
 /// The pre-activation residual unit `x + conv2(relu(conv1(relu(x))))`.
-pub struct PreActResidual {
+pub(crate) struct PreActResidual {
     conv1: Conv2d,
     conv2: Conv2d,
 }
 
 impl PreActResidual {
-    /// Loads `convolution1` and `convolution2` under `vb`.
-    pub fn load(vb: &Vb, c: usize) -> Result<Self> {
-        Self::load_named(vb, c, &FusionNames::HF)
-    }
-
     /// Loads `names.conv1` and `names.conv2` under `vb`.
-    pub fn load_named(vb: &Vb, c: usize, names: &FusionNames) -> Result<Self> {
+    pub(crate) fn load_named(vb: &Vb, c: usize, names: &FusionNames) -> Result<Self> {
         Ok(PreActResidual {
             conv1: conv2d(&vb.pp(names.conv1), c, c, 3, same3x3(), true)?,
             conv2: conv2d(&vb.pp(names.conv2), c, c, 3, same3x3(), true)?,
@@ -139,7 +134,7 @@ impl PreActResidual {
 
 /// A fusion layer: add the residual unit of the skip input, refine, upsample (align_corners=True), 1×1
 /// (computed as 1×1, then upsample).
-pub struct FusionLayer {
+pub(crate) struct FusionLayer {
     projection: Conv2d,
     residual1: Option<PreActResidual>,
     residual2: PreActResidual,
@@ -152,7 +147,7 @@ impl FusionLayer {
     }
 
     /// Loads with the given tensor names.
-    pub fn load_named(vb: &Vb, c: usize, with_skip: bool, names: &FusionNames) -> Result<Self> {
+    pub(crate) fn load_named(vb: &Vb, c: usize, with_skip: bool, names: &FusionNames) -> Result<Self> {
         Ok(FusionLayer {
             projection: conv2d(&vb.pp(names.projection), c, c, 1, Default::default(), true)?,
             residual1: if with_skip { Some(PreActResidual::load_named(&vb.pp(names.residual1), c, names)?) } else { None },
@@ -181,7 +176,7 @@ impl FusionLayer {
 
 /// How each fusion layer resizes its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FusionResize {
+pub(crate) enum FusionResize {
     /// To the next (finer) level's size; the last layer doubles (DPT, Depth Anything).
     NextLevel,
     /// Always ×2 by scale factor, whatever the next level's size (CHMv2); the skip input is then
@@ -191,7 +186,7 @@ pub enum FusionResize {
 
 /// The fusion stage: coarsest level first, each fused result resized to the next level's size
 /// (or doubled, see [`FusionResize`]).
-pub struct FusionStage {
+pub(crate) struct FusionStage {
     layers: Vec<FusionLayer>,
     resize: FusionResize,
 }
@@ -205,14 +200,14 @@ impl FusionStage {
 
     /// Loads `{i}` directly under `vb` (e.g. `head.fusion_layers.{i}`); layer 0 has no residual unit
     /// for a skip input.
-    pub fn load_flat(vb: &Vb, c: usize, levels: usize, resize: FusionResize) -> Result<Self> {
+    pub(crate) fn load_flat(vb: &Vb, c: usize, levels: usize, resize: FusionResize) -> Result<Self> {
         let layers = (0..levels).map(|i| FusionLayer::load(&vb.pp(i), c, i > 0)).collect::<Result<_>>()?;
         Ok(FusionStage { layers, resize })
     }
 
     /// Loads the original layout under `vb` (`scratch`): layer i (coarsest first) is
     /// `refinenet{levels − i}{suffix}` (e.g. suffix `_aux` for Depth Anything 3's second branch).
-    pub fn load_original(vb: &Vb, c: usize, levels: usize, suffix: &str) -> Result<Self> {
+    pub(crate) fn load_original(vb: &Vb, c: usize, levels: usize, suffix: &str) -> Result<Self> {
         let layers = (0..levels)
             .map(|i| FusionLayer::load_named(&vb.pp(format!("refinenet{}{suffix}", levels - i)), c, i > 0, &FusionNames::ORIGINAL))
             .collect::<Result<_>>()?;

@@ -110,7 +110,7 @@ impl Config {
 
 /// How the class token enters each level's patch tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Readout {
+pub(crate) enum Readout {
     /// `GELU(Linear([tokens ‖ cls]))`.
     Project,
     /// `tokens + cls`.
@@ -121,7 +121,7 @@ pub enum Readout {
 
 /// The bin centres' spacing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BinsStrategy {
+pub(crate) enum BinsStrategy {
     /// `linspace(min, max, n)`.
     Linear,
     /// `exp(linspace(ln min, ln max, n))`.
@@ -132,7 +132,7 @@ pub enum BinsStrategy {
 
 /// How bin logits become bin weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NormStrategy {
+pub(crate) enum NormStrategy {
     /// `(relu(x) + 0.1) / Σ`.
     Linear,
     /// Softmax over the bins.
@@ -408,13 +408,13 @@ impl Chmv2 {
     }
 
     /// Backbone features of `pixel_values` (what the head reads; cacheable when the backbone is frozen).
-    pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<Dinov3Features> {
+    pub(crate) fn backbone_features(&self, pixel_values: &Tensor) -> Result<Dinov3Features> {
         let _span = Span::new("chmv2.backbone");
         self.backbone.forward_features(&pixel_values.to_dtype(self.precision.backbone)?)
     }
 
     /// The DPT head on backbone features → bin logits `[B, bins, H', W']`.
-    pub fn decode_logits(&self, feats: &Dinov3Features) -> Result<Tensor> {
+    pub(crate) fn decode_logits(&self, feats: &Dinov3Features) -> Result<Tensor> {
         Ok(self.conv_depth.conv4.forward(&self.decode_hidden(feats)?)?)
     }
 
@@ -459,7 +459,7 @@ impl Chmv2 {
     /// As [`Chmv2::head_logits`], also naming, per batch item, the first stage whose output was not
     /// finite (`backbone`, `head`). The check matters: Candle's ReLU maps NaN to 0, so a NaN inside
     /// the head would otherwise come out as plausible-looking uniform-bin heights.
-    pub fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
+    pub(crate) fn head_logits_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
         let (hidden, mut bad) = self.hidden_checked(pixel_values)?;
         let logits = self.conv_depth.conv4.forward(&hidden)?;
         flag_non_finite(&logits, "head", &mut bad)?;
@@ -481,7 +481,7 @@ impl Chmv2 {
     /// (`backbone`, `head`, `bins`); such items must not be used. In f32 on the CPU with the
     /// `chmv2_mixlog` normalisation, the last 1×1 conv and the bins run band by band and the
     /// logits are never stored.
-    pub fn forward_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
+    pub(crate) fn forward_checked(&self, pixel_values: &Tensor) -> Result<(Tensor, Vec<Option<&'static str>>)> {
         let (hidden, mut bad) = self.hidden_checked(pixel_values)?;
         let _span = Span::new("chmv2.logits+bins");
         let depth = match self.to_depth.forward_from_hidden(&hidden, &self.conv_depth.conv4)? {

@@ -12,12 +12,12 @@ use crate::imageio::resample::{resize, Filter};
 use crate::models::processor::{dpt_output_size, processor_file, ImageProcessor, Normalization, Size};
 
 /// The side CHMv2 was trained at (416 px tiles of 0.6 m imagery): the default tile of a large raster.
-pub const WORKING_SIZE: usize = 416;
+pub(crate) const WORKING_SIZE: usize = 416;
 
 /// CHMv2 mean (RGB).
-pub const CHMV2_MEAN: [f32; 3] = [0.420, 0.411, 0.296];
+pub(crate) const CHMV2_MEAN: [f32; 3] = [0.420, 0.411, 0.296];
 /// CHMv2 standard deviation (RGB).
-pub const CHMV2_STD: [f32; 3] = [0.213, 0.156, 0.143];
+pub(crate) const CHMV2_STD: [f32; 3] = [0.213, 0.156, 0.143];
 
 /// `CHMv2ImageProcessor` settings (`preprocessor_config.json`), defaults as that class's.
 #[derive(Debug, Clone, Deserialize)]
@@ -133,7 +133,7 @@ impl Chmv2Processor {
     }
 
     /// The size after the optional resize.
-    pub fn resized_size(&self, h: usize, w: usize) -> (usize, usize) {
+    pub(crate) fn resized_size(&self, h: usize, w: usize) -> (usize, usize) {
         if self.do_resize {
             dpt_output_size(h, w, self.size.height, self.size.width, self.ensure_multiple_of, self.keep_aspect_ratio)
         } else {

@@ -18,7 +18,7 @@ use crate::tasks::Task;
 use crate::weights::Vb;
 
 /// The Depth Anything 3 family.
-pub struct Da3Family;
+pub(crate) struct Da3Family;
 
 impl Family for Da3Family {
     type Config = Config;

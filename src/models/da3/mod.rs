@@ -12,7 +12,7 @@
 mod family;
 pub mod processor;
 
-pub use family::Da3Family;
+pub(crate) use family::Da3Family;
 pub use processor::Da3Processor;
 
 use candle_core::{Module, Tensor};
@@ -30,16 +30,16 @@ use crate::nn::layers::{conv2d, layer_norm};
 use crate::weights::Vb;
 
 /// Architecture of the any-view (depth + confidence) models.
-pub const ARCH_ANY_VIEW: &str = "da3";
+pub(crate) const ARCH_ANY_VIEW: &str = "da3";
 /// Architecture of DA3Mono (relative depth + sky).
-pub const ARCH_MONO: &str = "da3_mono";
+pub(crate) const ARCH_MONO: &str = "da3_mono";
 /// Architecture of DA3Metric (depth to be scaled by focal/300, + sky).
-pub const ARCH_METRIC: &str = "da3_metric";
+pub(crate) const ARCH_METRIC: &str = "da3_metric";
 /// The nested giant + metric model (not supported).
-pub const ARCH_NESTED: &str = "da3_nested";
+pub(crate) const ARCH_NESTED: &str = "da3_nested";
 
 /// The architecture of a package model name (`config.json` `model_name`), e.g. `da3-small` → `da3`.
-pub fn architecture_for_model_name(name: &str) -> Option<&'static str> {
+pub(crate) fn architecture_for_model_name(name: &str) -> Option<&'static str> {
     let base = name.strip_suffix("-1.1").unwrap_or(name).to_ascii_lowercase();
     match base.as_str() {
         "da3-small" | "da3-base" | "da3-large" | "da3-giant" => Some(ARCH_ANY_VIEW),
@@ -146,7 +146,7 @@ fn relu() -> String { "relu".into() }
 
 /// `config.json` of a DA3 checkpoint.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Da3Config {
+pub(crate) struct Da3Config {
     /// `da3`, `da3_mono` or `da3_metric` (else derived from `model_name`).
     #[serde(default)]
     pub model_type: Option<String>,
@@ -585,7 +585,7 @@ pub enum Da3Kind {
 
 /// The outputs of one forward pass, each `[B, S, H, W]`.
 #[derive(Debug, Clone)]
-pub struct Da3Output {
+pub(crate) struct Da3Output {
     /// Depth (`exp` of the head; relative, or metric after focal scaling for DA3Metric).
     pub depth: Tensor,
     /// Confidence `exp(x) + 1` (any-view models).
@@ -595,20 +595,18 @@ pub struct Da3Output {
 }
 
 /// A loaded Depth Anything 3 depth model.
-pub struct Da3 {
+pub(crate) struct Da3 {
     arch: &'static str,
-    kind: Da3Kind,
     backbone: Dinov2,
     out_layers: Vec<usize>,
     head: Head,
-    patch: usize,
 }
 
 impl Da3 {
     /// Builds the model from `config.json` and the hub layout (`model.backbone.pretrained.*`,
     /// `model.head.*`; the `model.` prefix may be absent).
     pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
-        let (arch, kind, net, head_cfg) = (config.architecture(), config.kind, &config.net, &config.head);
+        let (arch, net, head_cfg) = (config.architecture(), &config.net, &config.head);
         let root = if vb.contains("model.backbone.pretrained.cls_token") {
             vb.pp("model")
         } else if vb.contains("backbone.pretrained.cls_token") {
@@ -626,17 +624,7 @@ impl Da3 {
         }
         let backbone = Dinov2::load_with(&root.pp("backbone").pp("pretrained"), &bcfg, &net.options()?)?;
         let head = Head::load(&root.pp("head"), head_cfg)?;
-        Ok(Da3 { arch, kind, backbone, out_layers: net.out_layers.clone(), head, patch: net.patch_size })
-    }
-
-    /// The model family.
-    pub fn kind(&self) -> Da3Kind {
-        self.kind
-    }
-
-    /// Patch size; input sides must be multiples of it.
-    pub fn patch_size(&self) -> usize {
-        self.patch
+        Ok(Da3 { arch, backbone, out_layers: net.out_layers.clone(), head })
     }
 
     /// `pixel_values` `[B, S, 3, H, W]` (S views of one scene) → outputs `[B, S, H, W]`.
@@ -688,7 +676,7 @@ impl Model for Da3 {
 pub const SKY_THRESHOLD: f32 = 0.3;
 
 /// torch `quantile(values, q)` with linear interpolation, computed in f32 like torch; None when empty.
-pub fn quantile_linear(values: &mut [f32], q: f32) -> Option<f32> {
+pub(crate) fn quantile_linear(values: &mut [f32], q: f32) -> Option<f32> {
     if values.is_empty() {
         return None;
     }
@@ -722,7 +710,7 @@ pub fn replace_sky_depth(depth: &mut [f32], sky: &[f32]) -> Option<f32> {
 
 /// DA3Metric's conversion (`metric = focal · output / 300`) in place, `focal_px` in pixels of the
 /// network input.
-pub fn scale_to_metric(depth: &mut [f32], focal_px: f32) {
+pub(crate) fn scale_to_metric(depth: &mut [f32], focal_px: f32) {
     let s = focal_px / 300.0;
     depth.iter_mut().for_each(|d| *d *= s);
 }

@@ -3,7 +3,7 @@ mod family;
 pub mod processor;
 mod training;
 
-pub use family::DepthAnythingFamily;
+pub(crate) use family::DepthAnythingFamily;
 pub use processor::DptProcessor;
 use candle_core::{Module, Tensor};
 use crate::nn::conv::Conv2d;
@@ -202,12 +202,12 @@ impl DepthAnything {
     }
 
     /// Which hidden states (0 = embeddings, i = after block i) feed the neck.
-    pub fn feature_indices(&self) -> &[usize] {
+    pub(crate) fn feature_indices(&self) -> &[usize] {
         &self.indices
     }
 
     /// The backbone's token maps for the neck (what a frozen backbone hands a trainable head).
-    pub fn backbone_features(&self, pixel_values: &Tensor) -> Result<BackboneFeatures> {
+    pub(crate) fn backbone_features(&self, pixel_values: &Tensor) -> Result<BackboneFeatures> {
         let (tokens, ph, pw) = self.backbone.forward_features(pixel_values, &self.indices)?;
         Ok(BackboneFeatures { tokens, ph, pw })
     }

@@ -10,20 +10,17 @@
 //! Everything here is computed from that definition (blade bitmasks, reordering signs and the metric);
 //! the tests compare the results with lgatr's shipped tables.
 
-/// Number of multivector components.
-pub const NUM_COMPONENTS: usize = 16;
-
 /// The metric signature η_μμ of e0..e3.
-pub const METRIC: [f64; 4] = [1.0, -1.0, -1.0, -1.0];
+pub(crate) const METRIC: [f64; 4] = [1.0, -1.0, -1.0, -1.0];
 
 /// Blade of each basis index as a bitmask over {e0, e1, e2, e3} (bit μ = e_μ).
-pub const BLADES: [u8; 16] = blades();
+pub(crate) const BLADES: [u8; 16] = blades();
 
 /// Grade of each basis index: `[0, 1,1,1,1, 2,2,2,2,2,2, 3,3,3,3, 4]`.
 pub const GRADE_INDEX: [usize; 16] = grade_index();
 
 /// Component range `[start, end)` of each grade.
-pub const GRADE_SLICES: [(usize, usize); 5] = [(0, 1), (1, 5), (5, 11), (11, 15), (15, 16)];
+pub(crate) const GRADE_SLICES: [(usize, usize); 5] = [(0, 1), (1, 5), (5, 11), (11, 15), (15, 16)];
 
 /// Geometric product as a gather: `out[i] = Σ_j GP_SIGN[i][j] · x[j] · y[GP_INDEX[i][j]]`
 /// (`x` is the left factor).
@@ -164,20 +161,11 @@ pub fn geometric_product_table() -> Vec<[[f64; 16]; 16]> {
 }
 
 /// Sign of the reverse on each component: `+1` on grades 0, 1, 4, `−1` on grades 2, 3.
-pub fn reverse_signs() -> [f64; 16] {
+pub(crate) fn reverse_signs() -> [f64; 16] {
     let mut out = [0.0; 16];
     for (i, o) in out.iter_mut().enumerate() {
         let k = GRADE_INDEX[i];
         *o = if (k * k.saturating_sub(1) / 2) % 2 == 0 { 1.0 } else { -1.0 };
-    }
-    out
-}
-
-/// Sign of the grade involution on each component: `(−1)^grade`.
-pub fn grade_involution_signs() -> [f64; 16] {
-    let mut out = [0.0; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = if GRADE_INDEX[i] % 2 == 0 { 1.0 } else { -1.0 };
     }
     out
 }
@@ -196,7 +184,7 @@ pub fn inner_product_factors() -> [f64; 16] {
 
 /// `(16, 5)` matrix with `M[i][g] = IPF_i` if component `i` has grade `g`, else 0, so that
 /// `abs_squared_norm(x) = Σ_g |Σ_i x_i² M[i][g]|`.
-pub fn metric_grades() -> [[f64; 5]; 16] {
+pub(crate) fn metric_grades() -> [[f64; 5]; 16] {
     let ipf = inner_product_factors();
     let mut m = [[0.0; 5]; 16];
     for i in 0..16 {
@@ -244,7 +232,7 @@ pub fn dual_signs() -> [f64; 16] {
 pub type Mat4 = [[f64; 4]; 4];
 
 /// A 16×16 matrix acting on multivector components: `x′ = A x`.
-pub type Mat16 = [[f64; 16]; 16];
+pub(crate) type Mat16 = [[f64; 16]; 16];
 
 /// Matrix product of two 4×4 matrices.
 pub fn mat4_mul(a: &Mat4, b: &Mat4) -> Mat4 {

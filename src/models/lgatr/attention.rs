@@ -18,12 +18,12 @@ use crate::error::{Error, Result};
 use crate::kernels::fused_attention;
 
 /// Largest score block (elements) materialised at once; queries are processed in chunks above it.
-pub const SCORE_BUDGET: usize = 1 << 24;
+pub(crate) const SCORE_BUDGET: usize = 1 << 24;
 
 /// Turns a torch-style `attn_mask` into an additive bias of rank 4 (right-aligned broadcasting
 /// against `(B, H, Nq, Nk)`): boolean / integer masks (nonzero = attend) become `0 / −inf`,
 /// floating masks are added as they are.
-pub fn mask_to_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
+pub(crate) fn mask_to_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
     if mask.rank() < 2 || mask.rank() > 4 {
         return Err(Error::Input(format!(
             "attention_mask must have rank 2..4 (broadcastable to (B, H, Nq, Nk)), got {:?}",
@@ -97,7 +97,7 @@ pub fn sdpa_with_budget(q: &Tensor, k: &Tensor, v: &Tensor, bias: Option<&Tensor
 
 /// Shapes of one geometric self-attention layer.
 #[derive(Debug, Clone, Copy)]
-pub struct AttnDims {
+pub(crate) struct AttnDims {
     /// Block mv / scalar channels.
     pub c: usize,
     pub s: usize,
@@ -150,7 +150,7 @@ fn head_rows(
 
 /// L-GATr `SelfAttention` (incl. its QKV module) on fused rows `(B·N, 16C + S)`.
 #[derive(Debug, Clone)]
-pub struct GaSelfAttention {
+pub(crate) struct GaSelfAttention {
     dims: AttnDims,
     qkv: FusedLinear,
     norm: EquiNorm,

@@ -116,7 +116,7 @@ impl CustomOp1 for GpKernel {
 }
 
 /// The dense table as a `(256, 16)` tensor `T[(j,k), i] = GP[i, j, k]`.
-pub fn gp_table_tensor(device: &candle_core::Device, dtype: DType) -> Result<Tensor> {
+pub(crate) fn gp_table_tensor(device: &candle_core::Device, dtype: DType) -> Result<Tensor> {
     let gp = geometric_product_table();
     let mut t = vec![0.0f64; 256 * 16];
     for (i, gpi) in gp.iter().enumerate() {
@@ -130,7 +130,7 @@ pub fn gp_table_tensor(device: &candle_core::Device, dtype: DType) -> Result<Ten
 }
 
 /// Dense form: `outer(x, y) (R, 256) @ GP (256, 16)` on `(R, 16)` rows.
-pub fn gp_dense_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+pub(crate) fn gp_dense_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let (r, _) = x.dims2()?;
     let table = gp_table_tensor(x.device(), x.dtype())?;
     let outer = x.unsqueeze(2)?.broadcast_mul(&y.unsqueeze(1)?)?.reshape((r, 256))?;
@@ -138,7 +138,7 @@ pub fn gp_dense_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
 }
 
 /// Gather form (lgatr's `sparse_gp`): `Σ_j sign[i,j] · x[j] · y[idx[i,j]]` on `(R, 16)` rows.
-pub fn gp_gather_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+pub(crate) fn gp_gather_rows(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     let (r, _) = x.dims2()?;
     let dev = x.device();
     let idx: Vec<u32> = GP_INDEX.iter().flatten().map(|&k| k as u32).collect();

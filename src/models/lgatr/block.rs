@@ -10,7 +10,7 @@ use crate::error::Result;
 
 /// One `LGATrBlock` on fused rows `(B·N, 16C + S)`.
 #[derive(Debug, Clone)]
-pub struct LgatrBlock {
+pub(crate) struct LgatrBlock {
     norm1: EquiNorm,
     attention: GaSelfAttention,
     norm2: EquiNorm,

@@ -6,11 +6,11 @@ use crate::config_check::{mul, Section, MAX_HEADS, MAX_LAYERS, MAX_WIDTH};
 use crate::error::{Error, Result};
 
 /// Largest multivector (or 4-vector) channel count of an L-GATr layer.
-pub const MAX_MV_CHANNELS: usize = 1024;
+pub(crate) const MAX_MV_CHANNELS: usize = 1024;
 /// Largest L-GATr `attn_ratio` / `mlp_ratio`.
-pub const MAX_LGATR_RATIO: usize = 16;
+pub(crate) const MAX_LGATR_RATIO: usize = 16;
 /// Largest L-GATr `num_layers_mlp`.
-pub const MAX_MLP_LAYERS: usize = 16;
+pub(crate) const MAX_MLP_LAYERS: usize = 16;
 
 fn yes() -> bool {
     true
@@ -65,14 +65,6 @@ impl Default for PrimitivesConfig {
 }
 
 impl PrimitivesConfig {
-    /// Number of equivariant linear basis maps: 10 with `subgroup`, else 5.
-    pub fn num_basis(&self) -> usize {
-        if self.subgroup {
-            10
-        } else {
-            5
-        }
-    }
 }
 
 /// `lgatr.SelfAttentionConfig`. The channel fields are overwritten by the enclosing block (as in
@@ -350,7 +342,7 @@ impl SlimConfig {
     }
 
     /// Per-head vector channels: `max(attn_ratio·C // H, 1)`.
-    pub fn head_v_channels(&self) -> usize {
+    pub(crate) fn head_v_channels(&self) -> usize {
         (self.attn_ratio.saturating_mul(self.hidden_v_channels) / self.num_heads.max(1)).max(1)
     }
 

@@ -33,7 +33,7 @@ impl DenseMap {
     }
 
     /// `n` rows that copy input columns `cols[k]` (a pass-through).
-    pub fn identity_rows(cols: usize, which: impl IntoIterator<Item = usize>) -> Self {
+    pub(crate) fn identity_rows(cols: usize, which: impl IntoIterator<Item = usize>) -> Self {
         let which: Vec<usize> = which.into_iter().collect();
         let mut d = Self::zeros(which.len(), cols);
         for (r, &c) in which.iter().enumerate() {
@@ -52,7 +52,7 @@ impl DenseMap {
     }
 
     /// New row `r` = old row `order[r]`.
-    pub fn reorder_rows(&self, order: &[usize]) -> Result<Self> {
+    pub(crate) fn reorder_rows(&self, order: &[usize]) -> Result<Self> {
         let mut d = Self::zeros(order.len(), self.cols);
         for (r, &o) in order.iter().enumerate() {
             if o >= self.rows {
@@ -66,7 +66,7 @@ impl DenseMap {
 
     /// New column `c` = old column `order[c]`, or zero for `None` (an input the map ignores).
     /// Every old column must appear (nothing may be dropped silently).
-    pub fn reorder_cols(&self, order: &[Option<usize>]) -> Result<Self> {
+    pub(crate) fn reorder_cols(&self, order: &[Option<usize>]) -> Result<Self> {
         let mut seen = vec![false; self.cols];
         let mut d = Self::zeros(self.rows, order.len());
         for (c, o) in order.iter().enumerate() {
@@ -88,7 +88,7 @@ impl DenseMap {
     }
 
     /// Multiplies column `c` by `scale[c]`.
-    pub fn scale_cols(&mut self, scale: &[f64]) {
+    pub(crate) fn scale_cols(&mut self, scale: &[f64]) {
         for r in 0..self.rows {
             for (c, s) in scale.iter().enumerate() {
                 self.m[r * self.cols + c] *= s;
@@ -97,7 +97,7 @@ impl DenseMap {
     }
 
     /// Stacks maps with the same input vertically.
-    pub fn vstack(parts: &[&DenseMap]) -> Result<Self> {
+    pub(crate) fn vstack(parts: &[&DenseMap]) -> Result<Self> {
         let cols = parts.first().map(|p| p.cols).unwrap_or(0);
         let mut d = Self { rows: 0, cols, m: vec![], b: vec![] };
         for p in parts {
@@ -252,12 +252,12 @@ impl EquiLinearWeights {
     }
 
     /// Input width `in_mv·16 + in_s`.
-    pub fn in_width(&self) -> usize {
+    pub(crate) fn in_width(&self) -> usize {
         self.in_mv * 16 + self.in_s
     }
 
     /// Output width `out_mv·16 + out_s`.
-    pub fn out_width(&self) -> usize {
+    pub(crate) fn out_width(&self) -> usize {
         self.out_mv * 16 + self.out_s
     }
 

@@ -108,7 +108,7 @@ fn run_group(model: &dyn Model, events: &[NamedTensors], names: &[&str], lens: &
 }
 
 /// Most events in one packed file or one call.
-pub const MAX_EVENTS: usize = 1 << 20;
+pub(crate) const MAX_EVENTS: usize = 1 << 20;
 
 fn check_event_count(e: usize) -> Result<()> {
     if e > MAX_EVENTS {

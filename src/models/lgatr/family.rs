@@ -19,7 +19,7 @@ use crate::tasks::Task;
 use crate::weights::{StoredDType, Vb, WeightStore};
 
 /// The L-GATr family.
-pub struct LgatrFamily;
+pub(crate) struct LgatrFamily;
 
 /// How L-GATr holds its folded maps for the matrices in `store`: rounded to Q8_0 for a file with
 /// Q8_0 matrices, in f16 for one whose matrices are all f16 (norm scales aside, which `edgerun

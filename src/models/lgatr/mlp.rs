@@ -39,7 +39,7 @@ pub fn gate_fused_reference(x: &Tensor, c: usize, s: usize, f: Nonlinearity) -> 
 /// (which also passes the input scalars through), the channel-wise geometric product, the output
 /// EquiLinear (fed by the product and the input scalars) and a no-affine `EquiLayerNorm`.
 #[derive(Debug, Clone)]
-pub struct GeometricBilinear {
+pub(crate) struct GeometricBilinear {
     left_right: FusedLinear,
     out: FusedLinear,
     norm: EquiNorm,
@@ -91,7 +91,7 @@ enum Layer {
 /// gate + EquiLinear with `geometric_product = false`), then gate + EquiLinear per further layer.
 /// Dropout layers (present when `dropout_prob` is set) are identities but take module indices.
 #[derive(Debug, Clone)]
-pub struct GeoMlp {
+pub(crate) struct GeoMlp {
     layers: Vec<Layer>,
 }
 

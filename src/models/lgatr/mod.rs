@@ -30,9 +30,9 @@ use candle_nn::VarBuilder;
 
 pub use config::{AttentionConfig, LgatrConfig, MlpConfig, Nonlinearity, PrimitivesConfig, SlimConfig};
 pub use events::{forward_events, pack_events, unpack_events};
-pub use family::LgatrFamily;
+pub(crate) use family::LgatrFamily;
 pub use net::Lgatr;
-pub use slim::LgatrSlim;
+pub(crate) use slim::LgatrSlim;
 
 use crate::error::{Error, Result};
 use crate::models::Model;

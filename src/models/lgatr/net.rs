@@ -25,7 +25,7 @@ pub struct Lgatr {
 /// Items per sub-batch of events in a forward pass (at least one event). Measured on the
 /// top-tagging benchmark (200-item events): 200–400 items per sub-batch ran ~20 % faster than
 /// 1000–4000 single-threaded (fewer large allocations and page faults, better cache reuse).
-pub const ITEM_CHUNK: usize = 512;
+pub(crate) const ITEM_CHUNK: usize = 512;
 
 /// Rows `b0..b0+bc` of a bias whose dim 0 is the batch (or 1, broadcast).
 pub(crate) fn batch_slice(bias: &Tensor, b: usize, b0: usize, bc: usize) -> Result<Tensor> {

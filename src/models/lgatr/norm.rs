@@ -12,12 +12,12 @@ use super::primitives::metric_grades_tensor;
 use crate::error::{Error, Result};
 
 /// lgatr's `EquiLayerNorm` epsilon (clamp floor on the mean squared norm).
-pub const MV_EPSILON: f64 = 0.01;
+pub(crate) const MV_EPSILON: f64 = 0.01;
 /// `torch.nn.functional.layer_norm`'s default epsilon.
-pub const S_EPSILON: f64 = 1e-5;
+pub(crate) const S_EPSILON: f64 = 1e-5;
 
 /// Layer norm over the last dim (no affine), as `F.layer_norm`.
-pub fn scalar_layer_norm(s: &Tensor) -> Result<Tensor> {
+pub(crate) fn scalar_layer_norm(s: &Tensor) -> Result<Tensor> {
     let mean = s.mean_keepdim(candle_core::D::Minus1)?;
     let d = s.broadcast_sub(&mean)?;
     let var = d.sqr()?.mean_keepdim(candle_core::D::Minus1)?;

@@ -3,9 +3,7 @@
 //! are the reference forms (and what the primitive parity tests call).
 use candle_core::{DType, Device, Tensor, D};
 
-use super::algebra::{
-    grade_involution_signs, inner_product_factors, linear_basis, metric_grades, reverse_signs, Mat16, GRADE_INDEX,
-};
+use super::algebra::{inner_product_factors, linear_basis, metric_grades, Mat16};
 use super::config::Nonlinearity;
 use crate::error::{Error, Result};
 
@@ -21,7 +19,7 @@ fn check16(x: &Tensor, what: &str) -> Result<()> {
 }
 
 /// `(16, 5)` tensor of [`metric_grades`].
-pub fn metric_grades_tensor(device: &Device, dtype: DType) -> Result<Tensor> {
+pub(crate) fn metric_grades_tensor(device: &Device, dtype: DType) -> Result<Tensor> {
     let m = metric_grades();
     let flat: Vec<f64> = m.iter().flatten().copied().collect();
     Ok(Tensor::from_vec(flat, (16, 5), device)?.to_dtype(dtype)?)
@@ -84,30 +82,6 @@ pub fn equi_linear(x: &Tensor, coeffs: &Tensor, subgroup: bool) -> Result<Tensor
     let mut shape = lead.to_vec();
     shape.extend([out, 16]);
     Ok(y.reshape(shape)?)
-}
-
-/// Reverse (flips grades 2 and 3).
-pub fn reverse(x: &Tensor) -> Result<Tensor> {
-    check16(x, "reverse")?;
-    Ok(x.broadcast_mul(&vec16(&reverse_signs(), x.device(), x.dtype())?)?)
-}
-
-/// Grade involution (flips odd grades).
-pub fn grade_involute(x: &Tensor) -> Result<Tensor> {
-    check16(x, "grade_involute")?;
-    Ok(x.broadcast_mul(&vec16(&grade_involution_signs(), x.device(), x.dtype())?)?)
-}
-
-/// Projection onto one grade.
-pub fn grade_project(x: &Tensor, grade: usize) -> Result<Tensor> {
-    check16(x, "grade_project")?;
-    let mut m = [0.0; 16];
-    for (i, g) in GRADE_INDEX.iter().enumerate() {
-        if *g == grade {
-            m[i] = 1.0;
-        }
-    }
-    Ok(x.broadcast_mul(&vec16(&m, x.device(), x.dtype())?)?)
 }
 
 /// Applies a 16×16 component map `x′ = A x` (e.g. [`super::algebra::outermorphism`]) to `(..., 16)`.
@@ -179,30 +153,10 @@ pub fn embed_axialvector(a: &Tensor) -> Result<Tensor> {
 pub fn embed_pseudoscalar(p: &Tensor) -> Result<Tensor> {
     embed(p, 1, 15)
 }
-/// `mv[..., 0:1]`.
-pub fn extract_scalar(x: &Tensor) -> Result<Tensor> {
-    check16(x, "extract_scalar")?;
-    Ok(x.narrow(D::Minus1, 0, 1)?)
-}
-/// `mv[..., 1:5]`.
-pub fn extract_vector(x: &Tensor) -> Result<Tensor> {
-    check16(x, "extract_vector")?;
-    Ok(x.narrow(D::Minus1, 1, 4)?)
-}
-/// `mv[..., 5:11]`.
-pub fn extract_bivector(x: &Tensor) -> Result<Tensor> {
-    check16(x, "extract_bivector")?;
-    Ok(x.narrow(D::Minus1, 5, 6)?)
-}
 /// `mv[..., 11:15].flip(-1)`.
 pub fn extract_axialvector(x: &Tensor) -> Result<Tensor> {
     check16(x, "extract_axialvector")?;
     flip_last(&x.narrow(D::Minus1, 11, 4)?)
-}
-/// `mv[..., 15:16]`.
-pub fn extract_pseudoscalar(x: &Tensor) -> Result<Tensor> {
-    check16(x, "extract_pseudoscalar")?;
-    Ok(x.narrow(D::Minus1, 15, 1)?)
 }
 
 /// lgatr's `get_spurions(beam_spurion, add_time_spurion, beam_mirror)` → `(num, 16)`.

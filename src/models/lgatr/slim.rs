@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::models::{Model, NamedTensors};
 
 /// `SlimRMSNorm` epsilon (additive, unlike `EquiLayerNorm`'s clamp).
-pub const SLIM_EPSILON: f64 = 0.01;
+pub(crate) const SLIM_EPSILON: f64 = 0.01;
 
 fn metric_col(device: &Device, dtype: DType) -> Result<Tensor> {
     Ok(Tensor::from_vec(vec![1.0f64, -1.0, -1.0, -1.0], (4, 1), device)?.to_dtype(dtype)?)
@@ -27,7 +27,7 @@ fn permute_rows(w: &[f64], cols: usize, order: &[usize]) -> Vec<f64> {
 
 /// `SlimLinear`: `v′ = v · weight_vᵀ` per component (no bias), `s′ = linear_s(s)` or zeros.
 #[derive(Debug, Clone)]
-pub struct SlimLinear {
+pub(crate) struct SlimLinear {
     wv_t: Option<Tensor>,
     ws_t: Option<Tensor>,
     bs: Option<Tensor>,
@@ -100,7 +100,7 @@ impl SlimLinear {
 /// `SlimRMSNorm`: joint over both streams,
 /// `n = rsqrt((Σ_c |Σ_μ m_μ v_μc²| + Σ s²) / (C_v + C_s) + 0.01)`, then optional gains.
 #[derive(Debug, Clone)]
-pub struct SlimRmsNorm {
+pub(crate) struct SlimRmsNorm {
     cv: usize,
     cs: usize,
     wv: Option<Tensor>,
@@ -328,7 +328,7 @@ impl SlimBlock {
 
 /// `lgatr.LGATrSlim`.
 #[derive(Debug, Clone)]
-pub struct LgatrSlim {
+pub(crate) struct LgatrSlim {
     cfg: SlimConfig,
     linear_in: SlimLinear,
     blocks: Vec<SlimBlock>,
@@ -365,11 +365,6 @@ impl LgatrSlim {
             None,
         )?;
         Ok(Self { cfg, linear_in, blocks, linear_out, device: vb.device().clone(), dtype: vb.dtype() })
-    }
-
-    /// The config it was built from.
-    pub fn config(&self) -> &SlimConfig {
-        &self.cfg
     }
 
     /// `vectors (..., N, in_v, 4)`, `scalars (..., N, in_s)`, optional additive bias broadcastable

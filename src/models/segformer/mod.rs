@@ -48,9 +48,9 @@ struct FoldedHead {
 
 
 /// LayerNorm eps of every SegFormer LayerNorm (the config's `layer_norm_eps` is not used by the reference).
-pub const LAYER_NORM_EPS: f64 = 1e-5;
+pub(crate) const LAYER_NORM_EPS: f64 = 1e-5;
 /// Decode-head BatchNorm eps (`nn.BatchNorm2d` default).
-pub const BATCH_NORM_EPS: f64 = 1e-5;
+pub(crate) const BATCH_NORM_EPS: f64 = 1e-5;
 
 fn d_channels() -> usize {
     3
@@ -657,7 +657,7 @@ impl SegformerForSemanticSegmentation {
     }
 
     /// Loads with an already parsed config.
-    pub fn load_with_config(vb: &Vb, cfg: Config) -> Result<Self> {
+    pub(crate) fn load_with_config(vb: &Vb, cfg: Config) -> Result<Self> {
         let act = cfg.act()?;
         let enc = vb.pp("segformer").pp("encoder");
         let mut stages = Vec::with_capacity(cfg.num_encoder_blocks);
