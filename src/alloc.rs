@@ -320,7 +320,7 @@ mod tests {
         // SAFETY: the test owns these blocks: it frees each once, with the layout it allocated it with.
         unsafe {
             let p = a.alloc(l);
-            assert!(!p.is_null() && p as usize % 64 == 0);
+            assert!(!p.is_null() && (p as usize).is_multiple_of(64));
             fill(p, l.size(), 7);
             a.dealloc(p, l);
             assert_eq!(a.cached_bytes(), class(l.size()).unwrap());
@@ -334,7 +334,7 @@ mod tests {
             a.dealloc(q, l2);
             let l3 = Layout::from_size_align(l.size(), 4096).unwrap();
             let r = a.alloc(l3);
-            assert!(r != p && r as usize % 4096 == 0);
+            assert!(r != p && (r as usize).is_multiple_of(4096));
             assert_eq!(a.cached_bytes(), class(l.size()).unwrap());
             a.dealloc(r, l3);
             assert_eq!(a.cached_bytes(), 2 * class(l.size()).unwrap());

@@ -33,7 +33,7 @@ pub(crate) const MAX_REASSEMBLE: f64 = 16.0;
 /// Largest depth or height value a config may scale outputs to (`max_depth`, metres or units).
 pub(crate) const MAX_DEPTH_VALUE: f64 = 1e6;
 /// Largest network input side in pixels (after preprocessing).
-pub const MAX_INPUT_SIDE: usize = 32_768;
+pub(crate) const MAX_INPUT_SIDE: usize = 32_768;
 /// Largest network input in pixels (after preprocessing): 16384².
 pub(crate) const MAX_INPUT_PIXELS: usize = 1 << 28;
 
@@ -54,17 +54,17 @@ pub(crate) struct Section<'a> {
 
 impl<'a> Section<'a> {
     /// The top level of a config.
-    pub fn root() -> Self {
+    pub(crate) fn root() -> Self {
         Section { prefix: "" }
     }
 
     /// The section under `prefix` (written without the trailing dot).
-    pub fn at(prefix: &'a str) -> Self {
+    pub(crate) fn at(prefix: &'a str) -> Self {
         Section { prefix }
     }
 
     /// The full name of `key` in this section.
-    pub fn key(&self, key: &str) -> String {
+    pub(crate) fn key(&self, key: &str) -> String {
         if self.prefix.is_empty() {
             key.to_string()
         } else {
@@ -73,12 +73,12 @@ impl<'a> Section<'a> {
     }
 
     /// An error about `key`.
-    pub fn bad(&self, key: &str, msg: impl std::fmt::Display) -> Error {
+    pub(crate) fn bad(&self, key: &str, msg: impl std::fmt::Display) -> Error {
         Error::Config(format!("`{}` {msg}", self.key(key)))
     }
 
     /// `v` within `lo..=hi`.
-    pub fn range(&self, key: &str, v: usize, lo: usize, hi: usize) -> Result<usize> {
+    pub(crate) fn range(&self, key: &str, v: usize, lo: usize, hi: usize) -> Result<usize> {
         if (lo..=hi).contains(&v) {
             Ok(v)
         } else {
@@ -87,12 +87,12 @@ impl<'a> Section<'a> {
     }
 
     /// `v` within `1..=max`.
-    pub fn count(&self, key: &str, v: usize, max: usize) -> Result<usize> {
+    pub(crate) fn count(&self, key: &str, v: usize, max: usize) -> Result<usize> {
         self.range(key, v, 1, max)
     }
 
     /// Every entry of `vs` within `lo..=hi` (keys `key[i]`).
-    pub fn each(&self, key: &str, vs: &[usize], lo: usize, hi: usize) -> Result<()> {
+    pub(crate) fn each(&self, key: &str, vs: &[usize], lo: usize, hi: usize) -> Result<()> {
         for (i, &v) in vs.iter().enumerate() {
             self.range(&format!("{key}[{i}]"), v, lo, hi)?;
         }
@@ -100,7 +100,7 @@ impl<'a> Section<'a> {
     }
 
     /// A finite `v` within `lo..=hi`.
-    pub fn real(&self, key: &str, v: f64, lo: f64, hi: f64) -> Result<f64> {
+    pub(crate) fn real(&self, key: &str, v: f64, lo: f64, hi: f64) -> Result<f64> {
         if v.is_finite() && v >= lo && v <= hi {
             Ok(v)
         } else {
@@ -109,7 +109,7 @@ impl<'a> Section<'a> {
     }
 
     /// A finite `v` with `0 < v ≤ hi`.
-    pub fn positive(&self, key: &str, v: f64, hi: f64) -> Result<f64> {
+    pub(crate) fn positive(&self, key: &str, v: f64, hi: f64) -> Result<f64> {
         if v.is_finite() && v > 0.0 && v <= hi {
             Ok(v)
         } else {
@@ -118,16 +118,16 @@ impl<'a> Section<'a> {
     }
 
     /// `heads` in `1..=MAX_HEADS` dividing `width`.
-    pub fn heads(&self, key: &str, heads: usize, width_key: &str, width: usize) -> Result<usize> {
+    pub(crate) fn heads(&self, key: &str, heads: usize, width_key: &str, width: usize) -> Result<usize> {
         self.count(key, heads, MAX_HEADS)?;
-        if width % heads != 0 {
+        if !width.is_multiple_of(heads) {
             return Err(self.bad(key, format!("= {heads} does not divide `{}` = {width}", self.key(width_key))));
         }
         Ok(heads)
     }
 
     /// The integer part of `width · ratio` (Python's `int(width * ratio)`), within `1..=max`.
-    pub fn scaled(&self, key: &str, width: usize, ratio: f64, max: usize) -> Result<usize> {
+    pub(crate) fn scaled(&self, key: &str, width: usize, ratio: f64, max: usize) -> Result<usize> {
         self.positive(key, ratio, MAX_RATIO)?;
         let v = width as f64 * ratio;
         if !(v >= 1.0 && v <= max as f64) {
@@ -142,7 +142,7 @@ pub(crate) const MAX_NORM_VALUE: f64 = 1e4;
 
 impl Section<'_> {
     /// A preprocessor target size `{height, width}`, each in `1..=MAX_IMAGE_SIZE`.
-    pub fn image_size(&self, key: &str, h: usize, w: usize) -> Result<(usize, usize)> {
+    pub(crate) fn image_size(&self, key: &str, h: usize, w: usize) -> Result<(usize, usize)> {
         let h = self.count(&format!("{key}.height"), h, MAX_IMAGE_SIZE)?;
         let w = self.count(&format!("{key}.width"), w, MAX_IMAGE_SIZE)?;
         Ok((h, w))

@@ -99,7 +99,7 @@ pub(crate) struct AtomicFile {
 
 impl AtomicFile {
     /// Starts writing `dest` via a hidden temp file beside it (see [`check_output_target`]).
-    pub fn create(dest: impl AsRef<Path>) -> Result<Self> {
+    pub(crate) fn create(dest: impl AsRef<Path>) -> Result<Self> {
         let dest = dest.as_ref().to_path_buf();
         check_output_target(&dest)?;
         let dir = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -111,10 +111,9 @@ impl AtomicFile {
         Ok(AtomicFile { tmp, dest, file: Some(file) })
     }
 
-    /// The open temp file.
-    pub fn file(&mut self) -> &mut File {
-        // Always Some until commit consumes self.
-        self.file.as_mut().expect("AtomicFile used after commit")
+    /// The open temp file (an error only after [`AtomicFile::commit`], which consumes it).
+    pub(crate) fn file(&mut self) -> std::io::Result<&mut File> {
+        self.file.as_mut().ok_or_else(|| std::io::Error::other("the file was already committed"))
     }
 
     /// Flushes, fsyncs and renames into place, then fsyncs the directory. On failure the temp file
@@ -143,10 +142,10 @@ impl AtomicFile {
 
 impl Write for AtomicFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.file().write(buf)
+        self.file()?.write(buf)
     }
     fn flush(&mut self) -> std::io::Result<()> {
-        self.file().flush()
+        self.file()?.flush()
     }
 }
 

@@ -1,4 +1,5 @@
 //! edgerun: perception and physics models at the edge, on Candle.
+#![warn(missing_docs, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 pub mod annotate;
 pub(crate) mod config_check;
 pub mod cuda_arch;

@@ -37,7 +37,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    match std::panic::catch_unwind(|| cli::run(args)) {
+    match std::panic::catch_unwind(|| cli::run(*args)) {
         Ok(Ok(())) => ExitCode::SUCCESS,
         // The reader of our stdout is gone (`edgerun inspect M | head -1`): end quietly, as grep does.
         Ok(Err(e)) if cli::is_broken_pipe(&e) => ExitCode::SUCCESS,

@@ -15,7 +15,7 @@ pub(crate) struct Span {
 
 impl Span {
     /// Starts timing `name`.
-    pub fn new(name: &'static str) -> Self {
+    pub(crate) fn new(name: &'static str) -> Self {
         Span { name, start: enabled().then(Instant::now) }
     }
 }

@@ -87,7 +87,7 @@ fn image_cmd(root: &Path, cmd: &str, fixture_name: &str, extra: &[&str]) -> Vec<
 
 fn npy_header(dict: &str) -> Vec<u8> {
     let mut h = dict.as_bytes().to_vec();
-    while (10 + h.len() + 1) % 64 != 0 {
+    while !(10 + h.len() + 1).is_multiple_of(64) {
         h.push(b' ');
     }
     h.push(b'\n');
@@ -112,7 +112,10 @@ fn annotate_with(root: &Path, toml: &str) -> Vec<String> {
     args(&["annotate", "--config", &s(&cfg), "--progress", "none", &s(&input), &s(&root.join("out"))])
 }
 
-fn lgatr_with(root: &Path, patch: &[(&str, serde_json::Value)], input: Option<&[(&str, Vec<f32>, Vec<usize>)]>) -> Vec<String> {
+/// Named input tensors: name, values, shape.
+type Inputs<'a> = &'a [(&'a str, Vec<f32>, Vec<usize>)];
+
+fn lgatr_with(root: &Path, patch: &[(&str, serde_json::Value)], input: Option<Inputs<'_>>) -> Vec<String> {
     let m = model_with(root, "lgatr_tiny", patch);
     let inp = match input {
         None => fixture("lgatr_tiny").join("input.safetensors"),

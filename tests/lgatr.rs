@@ -31,6 +31,7 @@ fn load_model(name: &str, dtype: DType) -> Box<dyn Model> {
     let dir = fixture(name);
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    // SAFETY: the fixture file is not modified while it is mapped.
     let vb = unsafe {
         candle_nn::VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], dtype, &dev())
     }

@@ -41,7 +41,7 @@ impl Default for Xxh64 {
 
 impl Xxh64 {
     /// A hasher with seed 0.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -52,7 +52,7 @@ impl Xxh64 {
     }
 
     /// Feeds bytes.
-    pub fn update(&mut self, mut data: &[u8]) {
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
         self.total += data.len() as u64;
         if self.buf_len > 0 {
             let take = (32 - self.buf_len).min(data.len());
@@ -75,7 +75,7 @@ impl Xxh64 {
     }
 
     /// The hash of everything fed so far.
-    pub fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         let mut h = if self.total >= 32 {
             let [v1, v2, v3, v4] = self.v;
             let mut h = v1.rotate_left(1).wrapping_add(v2.rotate_left(7)).wrapping_add(v3.rotate_left(12)).wrapping_add(v4.rotate_left(18));

@@ -37,23 +37,23 @@ fn bit(k: StageKind) -> u8 {
 
 impl StageSet {
     /// Adds a stage.
-    pub fn insert(&mut self, k: StageKind) {
+    pub(crate) fn insert(&mut self, k: StageKind) {
         self.0 |= bit(k);
     }
     /// Whether the stage is in the set.
-    pub fn has(self, k: StageKind) -> bool {
+    pub(crate) fn has(self, k: StageKind) -> bool {
         self.0 & bit(k) != 0
     }
     /// Number of stages.
-    pub fn len(self) -> usize {
+    pub(crate) fn len(self) -> usize {
         self.0.count_ones() as usize
     }
     /// Whether empty.
-    pub fn is_empty(self) -> bool {
+    pub(crate) fn is_empty(self) -> bool {
         self.0 == 0
     }
     /// The stages, in pipeline order.
-    pub fn iter(self) -> impl Iterator<Item = StageKind> {
+    pub(crate) fn iter(self) -> impl Iterator<Item = StageKind> {
         StageKind::ALL.into_iter().filter(move |k| self.has(*k))
     }
     /// Union.

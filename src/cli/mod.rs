@@ -51,7 +51,7 @@ enum Command {
 /// What parsing the command line came to.
 pub enum Parsed {
     /// A command to run.
-    Run(Cli),
+    Run(Box<Cli>),
     /// Print this text (help, version) and exit with this code (0 or 2).
     Exit(String, u8),
 }
@@ -105,7 +105,7 @@ pub fn parse() -> Parsed {
     match Cli::from_args(&["edgerun"], &refs) {
         Ok(cli) if cli.version => Parsed::Exit(version_text(), 0),
         Ok(cli) if cli.command.is_none() => Parsed::Exit("edgerun: error: give a command (see `edgerun --help`)".into(), 2),
-        Ok(cli) => Parsed::Run(cli),
+        Ok(cli) => Parsed::Run(Box::new(cli)),
         Err(early) => match early.status {
             Ok(()) => Parsed::Exit(early.output, 0),
             Err(()) => Parsed::Exit(format!("edgerun: error: {}\nRun `edgerun --help` (or `edgerun <command> --help`) for more information.", early.output.trim_end()), 2),

@@ -160,7 +160,7 @@ pub fn run_items<L, P>(
             continue;
         }
         runner.plan(Some(worst), usize::MAX, &mut |m| log(command, &m));
-        let batch: Vec<(&InputItem, L)> = loaded.drain(..).collect();
+        let batch: Vec<(&InputItem, L)> = std::mem::take(&mut loaded);
         worst = 0;
         let indices: Vec<usize> = (0..batch.len()).collect();
         let results = runner.run(

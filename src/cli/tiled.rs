@@ -45,6 +45,7 @@ pub fn predict_images<P>(loaded: &[&Loaded], predict: impl FnOnce(&[&RgbImage]) 
 
 /// Runs one input in `(tile, overlap)` tiles, as many per forward pass as `--batch` and the
 /// model's estimate for one tile (`per_tile`) allow, into `OUT/<stem><suffix>`, logging progress every 10 s (unless `--progress none`) and a summary line.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     spec: &RunSpec,
     out: &std::path::Path,

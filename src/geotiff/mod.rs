@@ -211,7 +211,7 @@ pub fn write_f32(path: &Path, width: u32, height: u32, values: &[f32], geo: Opti
     let bad = |e: tiff::TiffError| Error::bad_file(path, format!("writing TIFF: {e}"));
     let mut file = AtomicFile::create(path)?;
     {
-        let mut enc = TiffEncoder::new(BufWriter::new(file.file())).map_err(bad)?.with_compression(Compression::Deflate(DeflateLevel::Balanced));
+        let mut enc = TiffEncoder::new(BufWriter::new(file.file().map_err(|e| Error::io(path, e))?)).map_err(bad)?.with_compression(Compression::Deflate(DeflateLevel::Balanced));
         let mut img = enc.new_image::<colortype::Gray32Float>(width, height).map_err(bad)?;
         if let Some(g) = geo {
             let de = img.encoder();

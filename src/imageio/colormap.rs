@@ -19,8 +19,8 @@ pub fn colorize(values: &[f32]) -> Vec<u8> {
         let x = t * (STOPS.len() - 1) as f32;
         let i = (x.floor() as usize).min(STOPS.len() - 2);
         let f = x - i as f32;
-        for c in 0..3 {
-            out.push((STOPS[i][c] * (1.0 - f) + STOPS[i + 1][c] * f).round() as u8);
+        for (a, b) in STOPS[i].iter().zip(&STOPS[i + 1]) {
+            out.push((a * (1.0 - f) + b * f).round() as u8);
         }
     }
     out

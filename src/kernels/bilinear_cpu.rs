@@ -43,7 +43,7 @@ pub(crate) fn taps(n_in: usize, n_out: usize, align_corners: bool) -> Vec<Tap> {
 
 /// `upsample_bilinear2d` of an f32 CPU tensor `[B, C, H, W]` to `oh × ow` (sizes already checked
 /// by the caller); `None` for other dtypes or devices and for empty maps (Candle's op then).
-pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Option<Tensor>> {
+pub(crate) fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Option<Tensor>> {
     let (b, c, h, w) = x.dims4()?;
     if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || h == 0 || w == 0 || oh == 0 || ow == 0 {
         return Ok(None);

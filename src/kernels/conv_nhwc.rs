@@ -16,7 +16,7 @@ const MIN_PIXELS: usize = 16;
 
 /// A conv's kernel, stride and zero padding (square kernels and strides as SegFormer's, or not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
+pub(crate) struct Window {
     /// Kernel height and width.
     pub kernel: (usize, usize),
     /// Step between output pixels, in input pixels.
@@ -27,7 +27,7 @@ pub struct Window {
 
 impl Window {
     /// The output size for an `h × w` input, `None` where the kernel does not fit.
-    pub fn output(&self, h: usize, w: usize) -> Option<(usize, usize)> {
+    pub(crate) fn output(&self, h: usize, w: usize) -> Option<(usize, usize)> {
         let s = self.stride.max(1);
         let oh = (h + 2 * self.pad).checked_sub(self.kernel.0)? / s + 1;
         let ow = (w + 2 * self.pad).checked_sub(self.kernel.1)? / s + 1;
@@ -38,7 +38,7 @@ impl Window {
 /// `x` tokens `[B, h·w, C]` of an `h × w` map convolved with `weight` `[O, C, kh, kw]` (PyTorch's
 /// layout) plus `bias` `[O]`: tokens `[B, OH·OW, O]` and `(OH, OW)`. `Ok(None)` where this path does
 /// not run (not f32, not on the CPU, or recording for autograd): the caller takes the NCHW conv.
-pub fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
+pub(crate) fn conv2d(x: &Tensor, (h, w): (usize, usize), weight: &Tensor, bias: Option<&Tensor>, window: Window) -> Result<Option<(Tensor, (usize, usize))>> {
     let tensors = [Some(x), Some(weight), bias];
     if tensors.iter().flatten().any(|t| !t.device().is_cpu() || t.dtype() != DType::F32 || t.track_op()) {
         return Ok(None);
@@ -66,7 +66,7 @@ pub(crate) struct Int8Weight {
 impl Int8Weight {
     /// `weight` `[O, C, kh, kw]` (PyTorch's layout) rounded to Q8_0; `None` where this CPU has no
     /// int8 kernel or a patch's `kh·kw·C` values are not whole Q8_0 blocks.
-    pub fn new(weight: &Tensor) -> Result<Option<Self>> {
+    pub(crate) fn new(weight: &Tensor) -> Result<Option<Self>> {
         if !weight.device().is_cpu() || !super::int8_gemm::available() {
             return Ok(None);
         }

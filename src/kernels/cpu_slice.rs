@@ -32,6 +32,7 @@ pub(crate) struct SharedOut(pub(crate) *mut f32);
 // SAFETY: the callers (the stripe and direct convs, the int8 GEMM, the f16 linear's column blocks)
 // give every task its own elements, and the buffer outlives the tasks.
 unsafe impl Send for SharedOut {}
+// SAFETY: as for `Send`: no two tasks touch the same elements.
 unsafe impl Sync for SharedOut {}
 impl SharedOut {
     /// The pointer `offset` elements in.
@@ -42,7 +43,7 @@ impl SharedOut {
 
 /// The `[cols, rows]` transpose of a row-major `[rows, cols]` matrix, in parallel 32 × 32 tiles
 /// (element by element, Candle's strided copy takes ~4× as long on a ViT-L weight).
-pub fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
+pub(crate) fn transposed<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
     use rayon::prelude::*;
     const TILE: usize = 32;
     assert!(src.len() >= rows * cols, "transposed: {} elements for a {rows} × {cols} matrix", src.len());

@@ -733,7 +733,7 @@ fn nhwc_bwd_input<T: Elem>(g: &Geom, gz: &[T], w: &[T]) -> Vec<T> {
     // Output index hit by input index `i` under kernel offset `k·d`, if any.
     let src = |i: usize, k: usize, n_out: usize| -> Option<usize> {
         let t = (i + g.p) as isize - (k * g.d) as isize;
-        (t >= 0 && t as usize % g.s == 0 && (t as usize / g.s) < n_out).then(|| t as usize / g.s)
+        (t >= 0 && (t as usize).is_multiple_of(g.s) && (t as usize / g.s) < n_out).then(|| t as usize / g.s)
     };
     gx.par_chunks_mut(row_len).enumerate().for_each(|(r, xrow)| {
         let (bi, iy) = (r / g.h, r % g.h);

@@ -77,7 +77,7 @@ pub(crate) fn exp_nonpositive<const FUSED: bool>(x: f32) -> f32 {
     // The degree-5 polynomial in Estrin's form (pairs of terms, then powers of r²): three
     // dependent steps after r² instead of Horner's five, so that more rows overlap in flight.
     let r2 = r * r;
-    let lo = madd::<FUSED>(1.666_666_5e-1, r, 5.000_000_1e-1);
+    let lo = madd::<FUSED>(1.666_666_5e-1, r, 5e-1);
     let mid = madd::<FUSED>(8.333_452e-3, r, 4.166_579_6e-2);
     let hi = madd::<FUSED>(1.987_569_1e-4, r, 1.398_199_9e-3);
     let p = madd::<FUSED>(r2, madd::<FUSED>(r2, hi, mid), lo);

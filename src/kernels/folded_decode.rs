@@ -30,6 +30,9 @@ pub(crate) struct FoldedDecode {
     pub classifier_bias: Vec<f32>,
 }
 
+/// A stage map's bilinear taps along its rows and its columns.
+type MapTaps = (Vec<(usize, usize, f32)>, Vec<(usize, usize, f32)>);
+
 /// One stage's map after its folded linear: channels-last `[B, h·w, D]` values, `h`, `w`.
 pub(crate) type StageMap<'a> = (&'a [f32], usize, usize);
 
@@ -41,7 +44,7 @@ thread_local! {
 impl FoldedDecode {
     /// The logits `[B, L, h0·w0]` (NCHW) from the stage maps, the first of which is `h0 × w0`:
     /// `classifier · relu(bias + Σ_s bilinear(map_s → h0 × w0)) + classifier bias`.
-    pub fn logits(&self, maps: &[StageMap], b: usize, (h0, w0): (usize, usize)) -> candle_core::Result<Vec<f32>> {
+    pub(crate) fn logits(&self, maps: &[StageMap], b: usize, (h0, w0): (usize, usize)) -> candle_core::Result<Vec<f32>> {
         let (d, labels) = (self.bias.len(), self.classifier_bias.len());
         let pixels = h0 * w0;
         let total = b.checked_mul(labels).and_then(|n| n.checked_mul(pixels));
@@ -120,7 +123,7 @@ impl FoldedDecode {
 
 /// Output row `oy` (of `h0`) of image `image`'s fused features, `[w0, D]`: `relu(bias + Σ_s
 /// bilinear_{align_corners=False}(map_s))`; a map already at the output size is added as it is.
-fn fuse_row(row: &mut [f32], image: usize, (oy, h0): (usize, usize), maps: &[StageMap], taps: &[(Vec<(usize, usize, f32)>, Vec<(usize, usize, f32)>)], bias: &[f32]) {
+fn fuse_row(row: &mut [f32], image: usize, (oy, h0): (usize, usize), maps: &[StageMap], taps: &[MapTaps], bias: &[f32]) {
     let d = bias.len();
     let w0 = row.len() / d;
     for px in row.chunks_exact_mut(d) {

@@ -37,23 +37,23 @@ pub(crate) struct HeadsView<'a> {
 impl HeadsView<'_> {
     /// Pointer to row `n` of head `h` of batch item `b`.
     fn row(&self, b: usize, h: usize, n: usize) -> *const f32 {
-        self.from_row(b, h, n).as_ptr()
+        self.rows_from(b, h, n).as_ptr()
     }
 
     /// The data from row `n` of head `h` of batch item `b` to the end.
-    pub(crate) fn from_row(&self, b: usize, h: usize, n: usize) -> &[f32] {
+    pub(crate) fn rows_from(&self, b: usize, h: usize, n: usize) -> &[f32] {
         &self.data[self.offset + b * self.stride_b + h * self.stride_h + n * self.stride_n..]
     }
 }
 
 /// Whether [`attention`] can run `q`, `k`, `v` (f32 on the CPU, nothing recording for autograd).
-pub fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+pub(crate) fn applies(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     [q, k, v].iter().all(|t| t.device().is_cpu() && t.dtype() == candle_core::DType::F32 && t.rank() == 4 && !t.track_op())
 }
 
 /// `softmax(q kᵀ · scale) v` for `q` `[B, H, Nq, D]`, `k`, `v` `[B, H, Nk, D]` (any strides with
 /// the last dimension contiguous), returned contiguous `[B, H, Nq, D]`. Callers check [`applies`].
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
+pub(crate) fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
     let (b, h, nq, nk, d) = dims(q, k, v)?;
     let (qs, ql) = q.storage_and_layout();
     let (ks, kl) = k.storage_and_layout();
@@ -67,7 +67,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
         out.par_chunks_mut(nq * d).enumerate().for_each(|(bh, head_out)| {
             let (bi, hi) = (bh / h, bh % h);
             // The head's keys and values packed once for all its query blocks.
-            let packed = own_gemm.then(|| (Panels::from_rows(nk, d, |j| kv.from_row(bi, hi, j)), Panels::from_columns(nk, d, |j| vv.from_row(bi, hi, j))));
+            let packed = own_gemm.then(|| (Panels::from_rows(nk, d, |j| kv.rows_from(bi, hi, j)), Panels::from_columns(nk, d, |j| vv.rows_from(bi, hi, j))));
             head_out.par_chunks_mut(rows * d).enumerate().for_each(|(block, o)| {
                 let first = block * rows;
                 let rows = o.len() / d;
@@ -127,7 +127,7 @@ fn attend_block(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
-    let q_rows = q.from_row(b, h, first);
+    let q_rows = q.rows_from(b, h, first);
     match packed {
         Some((keys, _)) => panel_gemm::multiply(q_rows, q.stride_n, rows, keys, scores, nk, false),
         // SAFETY: every pointer addresses `rows × d` (q), `nk × d` (k, v), `rows × nk` (scores)

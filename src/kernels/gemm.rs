@@ -379,7 +379,7 @@ mod tests {
             assert!(seen.iter().all(|&s| s == 1), "{rows} × {n} on {threads} threads: not covered exactly once");
             if rows * n > 0 {
                 assert!(blocks.block_cols >= shape.min_cols.min(n) && blocks.block_rows >= shape.min_rows.min(rows), "{blocks:?}");
-                assert!(blocks.block_cols == n || blocks.block_cols % shape.col_step == 0, "{blocks:?}");
+                assert!(blocks.block_cols == n || blocks.block_cols.is_multiple_of(shape.col_step), "{blocks:?}");
             }
         }
         assert!(OutputBlocks::new(681, 1024, 4096, 2).count() >= 2 * BLOCKS_PER_THREAD);

@@ -52,10 +52,11 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tenso
     if nq > 0 {
         out.par_chunks_mut(nq * d).enumerate().for_each(|(bh, head_out)| {
             let (bi, hi) = (bh / h, bh % h);
-            // SAFETY (here and below): `applies` checked AMX, which comes with AVX-512F and BW.
+            // SAFETY: `applies` checked AMX, which comes with AVX-512F and BW.
             let (keys, values) = unsafe { (Keys::pack(&kv, (bi, hi), nk, d), Values::pack(&vv, (bi, hi), nk, d)) };
             head_out.par_chunks_mut(ROWS * d).enumerate().for_each(|(block, o)| {
-                let q_rows = |r: usize| &qv.from_row(bi, hi, block * ROWS + r)[..d];
+                let q_rows = |r: usize| &qv.rows_from(bi, hi, block * ROWS + r)[..d];
+                // SAFETY: as above.
                 unsafe { attend_block(q_rows, o.len() / d, d, &keys, &values, scale, o) };
             });
         });
@@ -90,9 +91,9 @@ impl Keys {
         let mut tiles = vec![0i8; padded * width];
         let mut scale = vec![0f32; padded];
         let mut row = vec![0i8; width];
-        for j in 0..n {
+        for (j, s) in scale.iter_mut().enumerate().take(n) {
             // SAFETY: AVX-512F runs here (this function's contract); both slices are `d` long, a multiple of 16.
-            scale[j] = unsafe { simd::round_row(&k.from_row(b, h, j)[..d], &mut row[..d]) };
+            *s = unsafe { simd::round_row(&k.rows_from(b, h, j)[..d], &mut row[..d]) };
             // Each 4 bytes of the key go whole to their tile row (64 bytes apart).
             let (tile, col) = (j / KEYS, j % KEYS);
             for (quad, x) in row.chunks_exact(4).enumerate() {
@@ -126,7 +127,7 @@ impl Values {
         let groups = width / 16;
         let mut max = vec![0f32; width];
         for j in 0..n {
-            for (m, x) in max.iter_mut().zip(&v.from_row(b, h, j)[..d]) {
+            for (m, x) in max.iter_mut().zip(&v.rows_from(b, h, j)[..d]) {
                 if x.abs() > *m || x.is_nan() {
                     *m = x.abs();
                 }
@@ -140,7 +141,7 @@ impl Values {
             quad.fill(0);
             for (t, dst) in quad.chunks_exact_mut(width).enumerate().take(n - j0) {
                 // SAFETY: AVX-512F runs here (this function's contract); the three slices are `d` long, a multiple of 16.
-                unsafe { simd::round_by(&v.from_row(b, h, j0 + t)[..d], &inv[..d], &mut dst[..d]) };
+                unsafe { simd::round_by(&v.rows_from(b, h, j0 + t)[..d], &inv[..d], &mut dst[..d]) };
             }
             let (step, r) = (j0 / DEPTH, (j0 % DEPTH) / 4);
             for g in 0..groups {
@@ -193,6 +194,7 @@ unsafe fn attend_block<'a>(q_rows: impl Fn(usize) -> &'a [f32], rows: usize, d: 
             // bytes, the key tiles `padded_keys / 16` tiles of width/64 steps, the score block 32
             // rows of `padded_keys` int32 sums, each call two tiles (32 columns) of them.
             {
+                // SAFETY: as above; the guard releases the tiles at the end of the block.
                 let _tiles = unsafe { amx::Tiles::configure() };
                 let steps = width / DEPTH;
                 for pair in 0..padded_keys / (2 * KEYS) {
@@ -333,7 +335,7 @@ mod simd {
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
         let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
         let r2 = _mm512_mul_ps(r, r);
-        let lo = _mm512_fmadd_ps(_mm512_set1_ps(1.666_666_5e-1), r, _mm512_set1_ps(5.000_000_1e-1));
+        let lo = _mm512_fmadd_ps(_mm512_set1_ps(1.666_666_5e-1), r, _mm512_set1_ps(5e-1));
         let mid = _mm512_fmadd_ps(_mm512_set1_ps(8.333_452e-3), r, _mm512_set1_ps(4.166_579_6e-2));
         let hi = _mm512_fmadd_ps(_mm512_set1_ps(1.987_569_1e-4), r, _mm512_set1_ps(1.398_199_9e-3));
         let p = _mm512_fmadd_ps(r2, _mm512_fmadd_ps(r2, hi, mid), lo);

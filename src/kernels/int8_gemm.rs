@@ -409,7 +409,7 @@ super::fast_math::simd_fn! {
 
 /// Lanes of [`quantize_block`]'s maxima and sums (one 512-bit vector; a block is two).
 const LANES: usize = 16;
-const _: () = assert!(BLOCK % LANES == 0, "a Q8_0 block is whole lanes");
+const _: () = assert!(BLOCK.is_multiple_of(LANES), "a Q8_0 block is whole lanes");
 
 /// One block of [`quantize_rows`]; returns its scale. Branch-free so that it vectorises.
 #[inline(always)]

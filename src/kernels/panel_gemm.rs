@@ -21,7 +21,7 @@ const MR_512: usize = 12;
 const KC: usize = 256;
 
 /// Whether this CPU runs [`multiply`]: AVX2 and FMA.
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")

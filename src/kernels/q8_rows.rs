@@ -40,18 +40,18 @@ impl std::fmt::Debug for Q8Rows {
 impl Q8Rows {
     /// Copies the Q8_0 blocks of an `[n, k]` matrix; `None` when `k` is not a whole number of
     /// blocks or `data` has another length.
-    pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> Option<Self> {
+    pub(crate) fn from_q8_0(data: &[u8], n: usize, k: usize) -> Option<Self> {
         blocks_per_row(data.len(), n, k)?;
         Some(Q8Rows { n, k, blocks: data.to_vec() })
     }
 
     /// Output features (rows).
-    pub fn n(&self) -> usize {
+    pub(crate) fn n(&self) -> usize {
         self.n
     }
 
     /// Input features (columns).
-    pub fn k(&self) -> usize {
+    pub(crate) fn k(&self) -> usize {
         self.k
     }
 

@@ -18,7 +18,7 @@ const CO: usize = 8;
 const TILES: usize = 48;
 
 /// Whether the CPU runs [`conv3x3`] (AVX-512F).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -85,7 +85,7 @@ pub(crate) struct Fused<'a> {
 /// padding 1, stride 1, with `fused`'s input ReLU and residual: the `[b, o, h, w]` output. `None`
 /// without AVX-512F or when a length disagrees with the shape.
 #[allow(clippy::too_many_arguments)]
-pub fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
+pub(crate) fn conv3x3(b: usize, c: usize, h: usize, w: usize, o: usize, x: &[f32], weight: &[f32], bias: Option<&[f32]>, fused: Fused) -> Option<Vec<f32>> {
     if x.len() != b.checked_mul(c)?.checked_mul(h)?.checked_mul(w)? {
         return None;
     }
@@ -274,6 +274,8 @@ impl Task<'_> {
     /// # Safety
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f")]
+    // The lane loops index several arrays by the same vector index.
+    #[allow(clippy::needless_range_loop)]
     unsafe fn transform_input<const NV: usize>(&self, ci: usize, v: &mut [f32], line_buffer: &mut [f32]) {
         use std::arch::x86_64::*;
         let (h, w) = (self.h as isize, self.w as isize);
@@ -352,6 +354,7 @@ impl Task<'_> {
     /// # Safety
     /// The CPU has AVX-512F.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::needless_range_loop)]
     unsafe fn transform_output<const NV: usize>(&self, tile: usize, m: &[[[std::arch::x86_64::__m512; NV]; CO]; 16]) {
         use std::arch::x86_64::*;
         let lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -456,7 +459,7 @@ mod tests {
         let all = conv3x3(b, c, h, w, c, &xs, &ws, Some(&bias), Fused { relu_input: true, residual: Some(&xs), relu_output: true }).unwrap();
         let want: Vec<f32> = separate.iter().map(|&v| if v > 0.0 { v } else { 0.0 }).collect();
         assert_eq!(all, want);
-        assert!(want.iter().any(|&v| v == 0.0) && want.iter().any(|&v| v > 0.0), "the test needs both signs");
+        assert!(want.contains(&0.0) && want.iter().any(|&v| v > 0.0), "the test needs both signs");
     }
 
     /// The conv of an upsampled map interpolated as it is read equals the conv of the stored

@@ -105,7 +105,7 @@ pub(crate) struct Registered<F: Family>(PhantomData<F>);
 
 impl<F: Family> Registered<F> {
     /// The entry.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Registered(PhantomData)
     }
 

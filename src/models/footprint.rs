@@ -28,7 +28,7 @@ pub(crate) struct VitDpt {
 
 impl VitDpt {
     /// Bytes of one item at network input `h × w`, `elem` bytes per element.
-    pub fn bytes(&self, h: u64, w: u64, elem: u64) -> u64 {
+    pub(crate) fn bytes(&self, h: u64, w: u64, elem: u64) -> u64 {
         let p = self.patch.max(1);
         let (gh, gw) = (h.div_ceil(p), w.div_ceil(p));
         let t = gh * gw + self.extra_tokens;

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 /// The per-head inverse frequencies, computed as PyTorch does in float32:
 /// `1 / θ ** arange(0, 1, 4 / D)`.
 pub(crate) fn inv_freq(head_dim: usize, theta: f64) -> Result<Vec<f32>> {
-    if head_dim == 0 || head_dim % 4 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(4) {
         return Err(Error::Config(format!("RoPE head width {head_dim} is not a positive multiple of 4")));
     }
     if !(theta.is_finite() && theta > 0.0) {

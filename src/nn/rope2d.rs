@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 
 /// Per-token cos/sin tables `[N, head_dim]` for a fixed token order.
 #[derive(Debug, Clone)]
-pub struct Rope2d {
+pub(crate) struct Rope2d {
     cos: Tensor,
     sin: Tensor,
     /// The distinct quarter of each half of the tables, `[2N, head_dim / 4]` (row 2t: token t's
@@ -22,8 +22,8 @@ pub struct Rope2d {
 
 impl Rope2d {
     /// Tables for explicit `(y, x)` token positions.
-    pub fn new(positions: &[(usize, usize)], head_dim: usize, base: f32, dtype: DType, device: &Device) -> Result<Self> {
-        if head_dim == 0 || head_dim % 4 != 0 {
+    pub(crate) fn new(positions: &[(usize, usize)], head_dim: usize, base: f32, dtype: DType, device: &Device) -> Result<Self> {
+        if head_dim == 0 || !head_dim.is_multiple_of(4) {
             return Err(Error::Config(format!("2-D RoPE needs a head dimension divisible by 4, got {head_dim}")));
         }
         let half = head_dim / 2;
@@ -67,7 +67,7 @@ impl Rope2d {
     }
 
     /// Rotates `x` `[B, H, N, head_dim]` whose N tokens follow this table's order.
-    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
         let (b, h, n, d) = x.dims4()?;
         if d != self.head_dim || n != self.cos.dim(0)? {
             return Err(Error::Input(format!("RoPE table is {:?}, tokens are {:?}", self.cos.dims(), x.dims())));

@@ -32,7 +32,7 @@ pub fn plan(tensors: Vec<(String, Vec<usize>, GgmlDType)>) -> Option<Vec<Planned
     let mut out = Vec::with_capacity(tensors.len());
     for (name, shape, dtype) in tensors {
         let numel: usize = shape.iter().product();
-        if numel % dtype.block_size() != 0 {
+        if !numel.is_multiple_of(dtype.block_size()) {
             return None;
         }
         let len = (numel / dtype.block_size() * dtype.type_size()) as u64;

@@ -113,7 +113,7 @@ pub fn quantize(
     let io = |e: std::io::Error| Error::io(output, e);
     let mut summary = Summary::default();
     {
-        let mut w = gguf_writer::GgufWriter::new(BufWriter::new(file.file()), &metadata, planned).map_err(io)?;
+        let mut w = gguf_writer::GgufWriter::new(BufWriter::new(file.file().map_err(io)?), &metadata, planned).map_err(io)?;
         while let Some(t) = w.next_tensor().cloned() {
             let entry = &store.entries()[&t.name];
             let x = store.tensor(&t.name, DType::F32, &Device::Cpu)?;
@@ -135,7 +135,7 @@ pub fn quantize(
         }
         w.finish().map_err(io)?;
     }
-    summary.bytes_out = file.file().metadata().map_err(io)?.len();
+    summary.bytes_out = file.file().and_then(|f| f.metadata()).map_err(io)?.len();
     file.commit()?;
     Ok(summary)
 }

@@ -127,7 +127,7 @@ impl Recipe {
         let inner = shape[1];
         let mut t = target;
         for _ in 0..8 {
-            if inner % t.block_size() == 0 {
+            if inner.is_multiple_of(t.block_size()) {
                 return t;
             }
             match self.fallback.get(crate::weights::dtype::ggml_name(t)).and_then(|n| parse_ggml_name(n)) {

@@ -181,7 +181,10 @@ mod tests {
         }
     }
 
-    fn run(b: &mut AdaptiveBatch, items: &[u32], limit: usize) -> (Vec<std::result::Result<u32, Fail>>, Vec<Vec<u32>>, Vec<String>) {
+    /// Per item its result, then the items of each pass, then the log lines.
+    type Outcome = (Vec<std::result::Result<u32, Fail>>, Vec<Vec<u32>>, Vec<String>);
+
+    fn run(b: &mut AdaptiveBatch, items: &[u32], limit: usize) -> Outcome {
         let mut calls = Vec::new();
         let mut logs = Vec::new();
         let r = b.run(items, None, |g, w| Fail::Bad(format!("{g} for {w}")), &mut |m| logs.push(m), model(limit, &mut calls));

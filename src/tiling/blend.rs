@@ -85,7 +85,7 @@ pub(crate) struct RowBlender {
 
 impl RowBlender {
     /// A blender for the stripe `x0..x1` and `channels` planes.
-    pub fn new(x0: usize, x1: usize, channels: usize) -> Self {
+    pub(crate) fn new(x0: usize, x1: usize, channels: usize) -> Self {
         let width = x1 - x0;
         RowBlender { x0, width, channels, acc: vec![0.0; channels * width], wsum: vec![0.0; width], buf: Vec::new() }
     }
@@ -170,18 +170,18 @@ pub(crate) struct OutBand {
 
 impl OutBand {
     /// A band for stripe columns `x0..x1` (`x0` a multiple of the writer's block).
-    pub fn new(x0: usize, x1: usize, kind: SampleKind, block: usize) -> Self {
+    pub(crate) fn new(x0: usize, x1: usize, kind: SampleKind, block: usize) -> Self {
         let width = x1 - x0;
         OutBand { x0, width, row_bytes: width * kind.bytes(), block, sample: kind.bytes(), y0: 0, rows: Vec::new() }
     }
 
     /// Appends the next row.
-    pub fn push(&mut self, row: &[u8]) {
+    pub(crate) fn push(&mut self, row: &[u8]) {
         self.rows.extend_from_slice(&row[..self.row_bytes]);
     }
 
     /// Writes every complete block row; with `last`, the remainder too (padded with zeros).
-    pub fn flush(&mut self, w: &mut TiledTiffWriter, last: bool) -> Result<()> {
+    pub(crate) fn flush(&mut self, w: &mut TiledTiffWriter, last: bool) -> Result<()> {
         let b = self.block;
         loop {
             let held = self.rows.len() / self.row_bytes;

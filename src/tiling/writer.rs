@@ -90,7 +90,7 @@ impl TiledTiffWriter {
         if width == 0 || height == 0 || width > u32::MAX as usize || height > u32::MAX as usize {
             return Err(Error::Input(format!("cannot write a {width}×{height} raster")));
         }
-        if opts.block == 0 || opts.block % 16 != 0 || opts.block > 4096 {
+        if opts.block == 0 || !opts.block.is_multiple_of(16) || opts.block > 4096 {
             return Err(Error::Input(format!("TIFF tile side {} is not a multiple of 16 up to 4096", opts.block)));
         }
         if let Some(g) = geo {
@@ -273,7 +273,7 @@ impl TiledTiffWriter {
         let path = self.path.clone();
         let io = |e| Error::io(&path, e);
         self.file.write_all(&out).map_err(io)?;
-        let f = self.file.file();
+        let f = self.file.file().map_err(io)?;
         if self.big {
             f.seek(SeekFrom::Start(8)).map_err(io)?;
             f.write_all(&ifd_at.to_le_bytes()).map_err(io)?;

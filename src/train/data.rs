@@ -24,7 +24,7 @@ pub(crate) enum TargetKind {
 
 impl TargetKind {
     /// The target file suffix.
-    pub fn suffix(self) -> &'static str {
+    pub(crate) fn suffix(self) -> &'static str {
         match self {
             TargetKind::Values => "npy",
             TargetKind::Classes => "png",
@@ -65,7 +65,7 @@ fn name_hash(name: &str) -> u64 {
 impl Dataset {
     /// Lists `data/images`, pairs each image with `data/targets/<stem>.<npy|png>` (a missing target is
     /// an error naming it) and holds out `⌈n · val_fraction⌉` pairs, the ones with the smallest name hash.
-    pub fn open(data: &Path, val_fraction: f64, kind: TargetKind) -> Result<Self> {
+    pub(crate) fn open(data: &Path, val_fraction: f64, kind: TargetKind) -> Result<Self> {
         let images = data.join("images");
         let targets = data.join("targets");
         let list = std::fs::read_dir(&images).map_err(|e| Error::Io { path: images.clone(), source: e })?;
@@ -138,7 +138,7 @@ pub(crate) struct Augment {
 
 impl Augment {
     /// Draws the augmentation of one sample from `rng`.
-    pub fn draw(rng: &mut SplitMix) -> Self {
+    pub(crate) fn draw(rng: &mut SplitMix) -> Self {
         Augment {
             brightness: rng.uniform(0.8, 1.2) as f32,
             contrast: rng.uniform(0.8, 1.2) as f32,

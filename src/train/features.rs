@@ -13,17 +13,17 @@ pub(crate) struct FeatureCache {
 
 impl FeatureCache {
     /// A cache holding at most `budget` bytes (0: none).
-    pub fn new(budget: usize) -> Self {
+    pub(crate) fn new(budget: usize) -> Self {
         FeatureCache { budget, used: 0, items: HashMap::new() }
     }
 
     /// The cached features of `key`.
-    pub fn get(&self, key: (bool, usize)) -> Option<Features> {
+    pub(crate) fn get(&self, key: (bool, usize)) -> Option<Features> {
         self.items.get(&key).cloned()
     }
 
     /// Keeps `f` if it fits in what is left of the budget.
-    pub fn insert(&mut self, key: (bool, usize), f: &Features) {
+    pub(crate) fn insert(&mut self, key: (bool, usize), f: &Features) {
         let b = f.bytes();
         if self.used + b <= self.budget && !self.items.contains_key(&key) {
             self.used += b;

@@ -47,7 +47,7 @@ pub(crate) fn loss_names(task: Task) -> &'static [&'static str] {
 
 /// A loss and its settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Loss {
+pub(crate) enum Loss {
     /// Scale-and-shift-invariant (relative depth).
     Ssi,
     /// Scale-invariant log (metric depth, canopy height); targets ≤ 0 are not counted.
@@ -71,7 +71,7 @@ pub enum Loss {
 impl Loss {
     /// The loss `name` names (None: the default for what the model predicts) with its settings;
     /// `ignore_index` overrides the checkpoint's ignore index.
-    pub fn choose(name: Option<&str>, prediction: Prediction, ignore_index: Option<u32>, focal_gamma: f64) -> Loss {
+    pub(crate) fn choose(name: Option<&str>, prediction: Prediction, ignore_index: Option<u32>, focal_gamma: f64) -> Loss {
         let ignore = ignore_index.unwrap_or(match prediction {
             Prediction::Classes { ignore, .. } => ignore,
             _ => 255,
@@ -98,7 +98,7 @@ impl Loss {
     /// The loss of `pred` against `target` `[B, H, W]`. A prediction of another size (a head whose
     /// output grid is not the input's, SegFormer's quarter-resolution logits) is first resized to the
     /// target bilinearly (`align_corners=False`), as transformers does before its loss.
-    pub fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
+    pub(crate) fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         let (th, tw) = (target.dim(1)?, target.dim(2)?);
         match self {
             Loss::CrossEntropy { ignore } => losses::cross_entropy(&to_size(pred, th, tw)?, target, ignore),

@@ -6,7 +6,7 @@ pub(crate) struct SplitMix(u64);
 
 impl SplitMix {
     /// A stream from `seed`.
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         SplitMix(seed)
     }
 
@@ -21,7 +21,7 @@ impl SplitMix {
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -30,12 +30,12 @@ impl SplitMix {
     }
 
     /// Uniform in `[lo, hi)`.
-    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+    pub(crate) fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
         lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
     }
 
     /// Standard normal (Box–Muller).
-    pub fn normal(&mut self) -> f64 {
+    pub(crate) fn normal(&mut self) -> f64 {
         let u1 = self.uniform(f64::MIN_POSITIVE, 1.0);
         let u2 = self.uniform(0.0, 1.0);
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()

@@ -59,7 +59,7 @@ impl StoredDType {
             StoredDType::Plain(d) => numel.checked_mul(d.size_in_bytes()),
             StoredDType::Ggml(g) => {
                 let bs = g.block_size();
-                if numel % bs != 0 {
+                if !numel.is_multiple_of(bs) {
                     return None;
                 }
                 (numel / bs).checked_mul(g.type_size())

@@ -248,7 +248,7 @@ pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<GgufHeader, S
         let ty = c.u32(&format!("tensor `{name}`: type"))?;
         let dtype = StoredDType::from_ggml_id(ty).ok_or_else(|| format!("tensor `{name}`: unknown GGML type {ty}"))?;
         if let StoredDType::Ggml(g) = dtype {
-            if dims[0] as usize % g.block_size() != 0 {
+            if !(dims[0] as usize).is_multiple_of(g.block_size()) {
                 return Err(format!(
                     "tensor `{name}`: inner dimension {} is not a multiple of the {} block size {}",
                     dims[0],

@@ -23,9 +23,9 @@ impl<T: GgmlType + Send + Sync> MappedBlocks<T> {
     pub(crate) fn new(map: Arc<Mmap>, start: usize, len: usize) -> Option<Self> {
         let size = std::mem::size_of::<T>();
         let fits = size == T::DTYPE.type_size()
-            && len % size == 0
+            && len.is_multiple_of(size)
             && start.checked_add(len).is_some_and(|end| end <= map.len())
-            && (map.as_ptr() as usize + start) % std::mem::align_of::<T>() == 0;
+            && (map.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<T>());
         fits.then(|| MappedBlocks { map, start, count: len / size, _blocks: PhantomData })
     }
 
@@ -53,7 +53,7 @@ impl<T: GgmlType + Send + Sync> QuantizedType for MappedBlocks<T> {
     }
 
     fn embedding(&self, ids: &[u32], rows: usize, hidden: usize) -> candle_core::Result<CpuStorage> {
-        if hidden % T::BLCK_SIZE != 0 || self.count != rows * (hidden / T::BLCK_SIZE) {
+        if !hidden.is_multiple_of(T::BLCK_SIZE) || self.count != rows * (hidden / T::BLCK_SIZE) {
             candle_core::bail!("quantized embedding of {rows}×{hidden} does not match {} blocks", self.count)
         }
         let row_blocks = hidden / T::BLCK_SIZE;

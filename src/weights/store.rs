@@ -89,7 +89,7 @@ impl Mapped {
             let blocks = super::mapped::MappedBlocks::<T>::new(self.map.clone(), piece.start, piece.len);
             return Ok(blocks.map(|b| QStorage::Cpu(Box::new(b))));
         }
-        if std::mem::size_of::<T>() != T::DTYPE.type_size() || piece.len % T::DTYPE.type_size() != 0 {
+        if std::mem::size_of::<T>() != T::DTYPE.type_size() || !piece.len.is_multiple_of(T::DTYPE.type_size()) {
             return Ok(None);
         }
         // SAFETY: Candle's blocks are `repr(C)` structs of f16 and integer fields whose size equals
@@ -532,8 +532,11 @@ impl WeightStore {
     }
 }
 
+/// The shard files of a sharded checkpoint and its (tensor, shard file) pairs.
+type Shards = (Vec<PathBuf>, Vec<(String, String)>);
+
 /// The shard files of a sharded checkpoint and its (tensor → shard file) map.
-fn shard_files(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, Vec<(String, String)>)> {
+fn shard_files(dir: &Path, index: &Path) -> Result<Shards> {
     let v = read_config(index)?;
     let map = v
         .get("weight_map")

@@ -130,7 +130,7 @@ impl G {
     /// The whole file: header, padding to the alignment, data.
     pub fn build(&self) -> Vec<u8> {
         let mut out = self.header();
-        while out.len() % self.alignment != 0 {
+        while !out.len().is_multiple_of(self.alignment) {
             out.push(0);
         }
         out.extend_from_slice(&self.data);

@@ -229,7 +229,7 @@ impl Ffn {
         let d = cfg.hidden_size;
         if cfg.use_swiglu_ffn {
             let base = (d as f64 * cfg.mlp_ratio) as usize;
-            let hidden = ((base as f64 * 2.0 / 3.0) as usize + 7) / 8 * 8;
+            let hidden = ((base as f64 * 2.0 / 3.0) as usize).div_ceil(8) * 8;
             let gate_up = if vb.contains("w12.weight") {
                 Linear::load(&vb.pp("w12"), d, 2 * hidden, true)?
             } else if vb.contains("weights_in.weight") {
@@ -257,7 +257,7 @@ impl Ffn {
     }
 
     /// Applies the feed-forward network.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             // Exact GELU in the same pass as fc1's bias.
             Ffn::Mlp { fc1, act: Activation::Gelu, fc2 } => fc2.forward(&fc1.forward_gelu(x)?)?,
@@ -310,7 +310,7 @@ impl Qkv {
 
 impl SelfAttention {
     /// Loads `attention.attention.{query,key,value}` and `attention.output.dense` under `vb`.
-    pub fn load(vb: &Vb, dim: usize, heads: usize, bias: bool) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, dim: usize, heads: usize, bias: bool) -> Result<Self> {
         let a = vb.pp("attention");
         let q = Linear::load(&a.pp("query"), dim, dim, bias)?;
         let k = Linear::load(&a.pp("key"), dim, dim, bias)?;
@@ -323,7 +323,7 @@ impl SelfAttention {
     /// Loads the original layout under `vb` (`attn`): fused `qkv` `[3D, D]` (rows q, k, v), `proj`,
     /// and with `qk_norm` the per-head `q_norm` / `k_norm` LayerNorms (width D / heads).
     pub(crate) fn load_original(vb: &Vb, dim: usize, heads: usize, bias: bool, qk_norm: bool) -> Result<Self> {
-        if heads == 0 || dim % heads != 0 {
+        if heads == 0 || !dim.is_multiple_of(heads) {
             return Err(Error::Config(format!("width {dim} is not a positive multiple of {heads} heads")));
         }
         let qkv = Qkv::Fused(Linear::load(&vb.pp("qkv"), dim, 3 * dim, bias)?);
@@ -339,7 +339,7 @@ impl SelfAttention {
 
     /// Builds from already loaded projections (fused into one q/k/v matmul when all are dense).
     pub(crate) fn from_linears(q: Linear, k: Linear, v: Linear, out: Linear, dim: usize, heads: usize) -> Result<Self> {
-        if heads == 0 || dim % heads != 0 {
+        if heads == 0 || !dim.is_multiple_of(heads) {
             return Err(Error::Config(format!("width {dim} is not a positive multiple of {heads} heads")));
         }
         let qkv = Qkv::new(q, k, v)?;
@@ -347,7 +347,7 @@ impl SelfAttention {
     }
 
     /// Attention over tokens `[B, N, D]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.attend(x, None)
     }
 
@@ -425,7 +425,7 @@ impl Block {
     }
 
     /// `x + ls1·attn(norm1 x)`, then `x + ls2·ffn(norm2 x)`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let h = self.attn.forward(&layer_norm_grad(&self.norm1, x)?)?;
         self.finish(x, &h)
     }
@@ -470,7 +470,7 @@ impl Dinov2 {
         }
         cfg.validate()?;
         let d = cfg.hidden_size;
-        if opts.rope.is_some() && (d / cfg.num_attention_heads) % 4 != 0 {
+        if opts.rope.is_some() && !(d / cfg.num_attention_heads).is_multiple_of(4) {
             return Err(Error::Config(format!("2-D RoPE needs a head dimension divisible by 4, got {}", d / cfg.num_attention_heads)));
         }
         let p = cfg.patch_size;

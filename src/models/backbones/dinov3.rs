@@ -145,7 +145,7 @@ impl Dinov3Config {
     pub(crate) fn validate_in(&self, s: Section) -> Result<()> {
         let d = s.count("hidden_size", self.hidden_size, MAX_WIDTH)?;
         s.heads("num_attention_heads", self.num_attention_heads, "hidden_size", d)?;
-        if self.head_dim() % 4 != 0 {
+        if !self.head_dim().is_multiple_of(4) {
             return Err(s.bad("num_attention_heads", format!("gives a head width of {}; DINOv3 RoPE needs a multiple of 4", self.head_dim())));
         }
         s.count("patch_size", self.patch()?, MAX_PATCH)?;

@@ -59,17 +59,17 @@ impl ReassembleLayer {
     }
 
     /// Maps an NCHW grid to its level's resolution and width.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.resample(&self.project(x)?)
     }
 
     /// The 1×1 projection alone.
-    pub fn project(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn project(&self, x: &Tensor) -> Result<Tensor> {
         Ok(self.projection.forward(x)?)
     }
 
     /// The resample step alone (after [`ReassembleLayer::project`]).
-    pub fn resample(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn resample(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.resize {
             Resample::Up(c) => c.forward(x)?,
             Resample::Identity => x.clone(),
@@ -127,7 +127,7 @@ impl PreActResidual {
     }
 
     /// Applies the unit.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(self.conv2.forward_pre_relu(&self.conv1.forward_pre_relu(x, None)?, Some(x))?)
     }
 }
@@ -142,7 +142,7 @@ pub(crate) struct FusionLayer {
 
 impl FusionLayer {
     /// Loads `projection`, `residual_layer1` (when `with_skip`) and `residual_layer2` under `vb`.
-    pub fn load(vb: &Vb, c: usize, with_skip: bool) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, c: usize, with_skip: bool) -> Result<Self> {
         Self::load_named(vb, c, with_skip, &FusionNames::HF)
     }
 
@@ -156,7 +156,7 @@ impl FusionLayer {
     }
 
     /// Fuses `x` with optional `skip`, then resizes to `size` (×2 when None).
-    pub fn forward(&self, x: &Tensor, skip: Option<&Tensor>, size: Option<(usize, usize)>) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor, skip: Option<&Tensor>, size: Option<(usize, usize)>) -> Result<Tensor> {
         let mut x = x.clone();
         if let (Some(skip), Some(r1)) = (skip, &self.residual1) {
             let (_, _, h, w) = x.dims4()?;
@@ -170,7 +170,7 @@ impl FusionLayer {
         // pixel and per channel and the align_corners weights of each output pixel sum to one, so
         // they commute (bias included) up to rounding.
         let x = self.projection.forward(&x)?;
-        Ok(bilinear(&x, oh, ow, true)?)
+        bilinear(&x, oh, ow, true)
     }
 }
 
@@ -193,7 +193,7 @@ pub(crate) struct FusionStage {
 
 impl FusionStage {
     /// Loads `layers.{i}` under `vb`; layer 0 takes no skip input.
-    pub fn load(vb: &Vb, c: usize, levels: usize) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, c: usize, levels: usize) -> Result<Self> {
         let layers = (0..levels).map(|i| FusionLayer::load(&vb.pp("layers").pp(i), c, i > 0)).collect::<Result<_>>()?;
         Ok(FusionStage { layers, resize: FusionResize::NextLevel })
     }
@@ -215,7 +215,7 @@ impl FusionStage {
     }
 
     /// Fuses features given finest first; returns the fused maps, coarsest first.
-    pub fn forward(&self, features: &[Tensor]) -> Result<Vec<Tensor>> {
+    pub(crate) fn forward(&self, features: &[Tensor]) -> Result<Vec<Tensor>> {
         let rev: Vec<&Tensor> = features.iter().rev().collect();
         let mut out: Vec<Tensor> = Vec::with_capacity(rev.len());
         for (i, (feat, layer)) in rev.iter().zip(&self.layers).enumerate() {

@@ -214,7 +214,7 @@ pub fn preset(model_name: &str) -> Option<(NetConfig, HeadConfig)> {
 
 impl Da3Config {
     /// Parses `config.json`, filling `net` / `head` from the `model_name` preset where absent.
-    pub fn from_json(config: &serde_json::Value) -> Result<(String, NetConfig, HeadConfig)> {
+    pub(crate) fn from_json(config: &serde_json::Value) -> Result<(String, NetConfig, HeadConfig)> {
         let cfg: Da3Config = serde_json::from_value(config.clone()).map_err(|e| Error::Config(format!("DA3 config: {e}")))?;
         let preset = cfg.model_name.as_deref().and_then(preset);
         let arch = match (&cfg.model_type, cfg.model_name.as_deref().and_then(architecture_for_model_name)) {
@@ -463,7 +463,7 @@ impl Head {
         if let Some(t) = cfg.norm_type.as_deref().filter(|t| !matches!(*t, "idt" | "layer")) {
             return Err(Error::Config(format!("unknown DA3 head norm_type `{t}`")));
         }
-        if pos_embed && (cfg.out_channels.iter().any(|c| c % 4 != 0) || (cfg.features / 2) % 4 != 0) {
+        if pos_embed && (cfg.out_channels.iter().any(|c| c % 4 != 0) || !(cfg.features / 2).is_multiple_of(4)) {
             return Err(Error::Config("the UV position embedding needs channel counts divisible by 4".into()));
         }
         let f = cfg.features;
@@ -605,7 +605,7 @@ pub(crate) struct Da3 {
 impl Da3 {
     /// Builds the model from `config.json` and the hub layout (`model.backbone.pretrained.*`,
     /// `model.head.*`; the `model.` prefix may be absent).
-    pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
+    pub(crate) fn load(vb: &Vb, config: &Config) -> Result<Self> {
         let (arch, net, head_cfg) = (config.architecture(), &config.net, &config.head);
         let root = if vb.contains("model.backbone.pretrained.cls_token") {
             vb.pp("model")
@@ -628,7 +628,7 @@ impl Da3 {
     }
 
     /// `pixel_values` `[B, S, 3, H, W]` (S views of one scene) → outputs `[B, S, H, W]`.
-    pub fn forward(&self, pixel_values: &Tensor) -> Result<Da3Output> {
+    pub(crate) fn forward(&self, pixel_values: &Tensor) -> Result<Da3Output> {
         let (b, s, _, _, _) = pixel_values.dims5()?;
         let (feats, ph, pw) = self.backbone.forward_views(pixel_values, &self.out_layers)?;
         let (depth, conf, sky) = self.head.forward(&feats, ph, pw)?;

@@ -117,7 +117,7 @@ pub const fn blade_product(a: u8, b: u8) -> (f64, u8) {
         swaps += (x & b).count_ones();
         x >>= 1;
     }
-    let mut sign = if swaps % 2 == 0 { 1.0 } else { -1.0 };
+    let mut sign = if swaps.is_multiple_of(2) { 1.0 } else { -1.0 };
     let common = a & b;
     let mut mu = 0;
     while mu < 4 {
@@ -165,7 +165,7 @@ pub(crate) fn reverse_signs() -> [f64; 16] {
     let mut out = [0.0; 16];
     for (i, o) in out.iter_mut().enumerate() {
         let k = GRADE_INDEX[i];
-        *o = if (k * k.saturating_sub(1) / 2) % 2 == 0 { 1.0 } else { -1.0 };
+        *o = if (k * k.saturating_sub(1) / 2).is_multiple_of(2) { 1.0 } else { -1.0 };
     }
     out
 }

@@ -113,7 +113,7 @@ pub(crate) struct AttnDims {
 
 impl AttnDims {
     /// Per-head feature width `16·hc + hs`.
-    pub fn d(&self) -> usize {
+    pub(crate) fn d(&self) -> usize {
         16 * self.hc + self.hs
     }
 }
@@ -160,7 +160,7 @@ pub(crate) struct GaSelfAttention {
 
 impl GaSelfAttention {
     /// Loads `qkv_module.*`, `out_linear.*` and `head_scale` under `vb` (= `blocks.{i}.attention`).
-    pub fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
+    pub(crate) fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
         let p = cfg.primitives();
         let sub = p.subgroup;
         let d = AttnDims {
@@ -245,7 +245,7 @@ impl GaSelfAttention {
     }
 
     /// `x (B·N, 16C + S)`, reinserted features `add (B·N, 16R + R_s)` → `(B·N, 16C + S)`.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Tensor,
         add: Option<&Tensor>,

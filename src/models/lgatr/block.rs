@@ -19,7 +19,7 @@ pub(crate) struct LgatrBlock {
 
 impl LgatrBlock {
     /// Loads `norm1`, `attention`, `norm2`, `mlp` under `vb` (= `blocks.{i}`).
-    pub fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
+    pub(crate) fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
         let (c, s, affine) = (cfg.hidden_mv_channels, cfg.hidden_s_channels, cfg.norm_elementwise_affine);
         Ok(Self {
             norm1: EquiNorm::load(&vb.pp("norm1"), c, s, affine)?,
@@ -30,7 +30,7 @@ impl LgatrBlock {
     }
 
     /// `x + attn(norm1(x))`, then `+ mlp(norm2(·))`.
-    pub fn forward(
+    pub(crate) fn forward(
         &self,
         x: &Tensor,
         add: Option<&Tensor>,

@@ -72,28 +72,40 @@ impl PrimitivesConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AttentionConfig {
+    /// Input multivector channels.
     #[serde(default)]
     pub in_mv_channels: Option<usize>,
+    /// Output multivector channels.
     #[serde(default)]
     pub out_mv_channels: Option<usize>,
+    /// Input scalar channels.
     #[serde(default)]
     pub in_s_channels: usize,
+    /// Output scalar channels.
     #[serde(default)]
     pub out_s_channels: usize,
+    /// Extra multivector channels of queries and keys.
     #[serde(default)]
     pub additional_qk_mv_channels: usize,
+    /// Extra scalar channels of queries and keys.
     #[serde(default)]
     pub additional_qk_s_channels: usize,
+    /// Initialisation of the output projection (training only).
     #[serde(default = "default_init")]
     pub output_init: String,
+    /// Dropout probability (inference: none).
     #[serde(default)]
     pub dropout_prob: Option<f64>,
+    /// Attention heads.
     #[serde(default = "default_heads")]
     pub num_heads: usize,
+    /// One key/value head shared by all query heads.
     #[serde(default)]
     pub multi_query: bool,
+    /// Attention channels relative to the hidden channels.
     #[serde(default = "one")]
     pub attn_ratio: usize,
+    /// A learned scale per attention head.
     #[serde(default)]
     pub head_scale: bool,
 }
@@ -102,16 +114,22 @@ pub struct AttentionConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MlpConfig {
+    /// Multivector channels (set by the block).
     #[serde(default)]
     pub mv_channels: Option<usize>,
+    /// Scalar channels (set by the block).
     #[serde(default)]
     pub s_channels: usize,
+    /// Dropout probability (inference: none).
     #[serde(default)]
     pub dropout_prob: Option<f64>,
+    /// The MLP's scalar nonlinearity (`gelu`, `relu`, `sigmoid`).
     #[serde(default = "gelu")]
     pub nonlinearity: String,
+    /// MLP hidden channels relative to the hidden channels.
     #[serde(default = "four")]
     pub mlp_ratio: usize,
+    /// Linear layers per MLP.
     #[serde(default = "two")]
     pub num_layers_mlp: usize,
 }
@@ -120,34 +138,52 @@ pub struct MlpConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LgatrConfig {
+    /// Transformer blocks.
     pub num_blocks: usize,
+    /// Input multivector channels.
     pub in_mv_channels: usize,
+    /// Output multivector channels.
     pub out_mv_channels: usize,
+    /// Multivector channels inside the blocks.
     pub hidden_mv_channels: usize,
+    /// Input scalar channels.
     pub in_s_channels: usize,
+    /// Output scalar channels.
     pub out_s_channels: usize,
+    /// Scalar channels inside the blocks.
     pub hidden_s_channels: usize,
+    /// The attention layers' settings (lgatr `SelfAttentionConfig`).
     pub attention: AttentionConfig,
+    /// The MLPs' settings (lgatr `MLPConfig`).
     pub mlp: MlpConfig,
+    /// The geometric-algebra primitives' settings.
     #[serde(default)]
     pub primitives: Option<PrimitivesConfig>,
+    /// Input multivector channels added back into every block.
     #[serde(default)]
     pub reinsert_mv_channels: Option<Vec<usize>>,
+    /// Input scalar channels added back into every block.
     #[serde(default)]
     pub reinsert_s_channels: Option<Vec<usize>>,
     /// Only shifts the MLP layer indices at inference (dropout layers are identities in eval mode).
     #[serde(default)]
     pub dropout_prob: Option<f64>,
+    /// Whether the norms have learned scales.
     #[serde(default = "yes")]
     pub norm_elementwise_affine: bool,
+    /// Activation checkpointing in lgatr (training only).
     #[serde(default)]
     pub checkpoint_blocks: bool,
+    /// Mixed precision in lgatr (no effect here).
     #[serde(default)]
     pub naive_amp: bool,
+    /// `torch.compile` in lgatr (no effect here).
     #[serde(default)]
     pub compile: bool,
+    /// `torch.compile` arguments in lgatr (no effect here).
     #[serde(default)]
     pub compile_kwargs: Option<serde_json::Value>,
+    /// lgatr's activation memory budget (no effect here).
     #[serde(default)]
     pub activation_memory_budget: Option<f64>,
     /// Not a `config.json` key: set by the loader to hold the folded equivariant maps in f16 (an
@@ -160,37 +196,56 @@ pub struct LgatrConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SlimConfig {
+    /// Transformer blocks.
     pub num_blocks: usize,
+    /// Input 4-vector channels.
     pub in_v_channels: usize,
+    /// Output 4-vector channels.
     pub out_v_channels: usize,
+    /// 4-vector channels inside the blocks.
     pub hidden_v_channels: usize,
+    /// Input scalar channels.
     pub in_s_channels: usize,
+    /// Output scalar channels.
     pub out_s_channels: usize,
+    /// Scalar channels inside the blocks.
     pub hidden_s_channels: usize,
+    /// Attention heads.
     pub num_heads: usize,
+    /// The MLP's scalar nonlinearity (`gelu`, `relu`, `sigmoid`).
     #[serde(default = "gelu")]
     pub nonlinearity: String,
     /// `null` means "same as `nonlinearity`".
     #[serde(default = "sigmoid")]
     pub nonlinearity_v: Option<String>,
+    /// MLP hidden channels relative to the hidden channels.
     #[serde(default = "two")]
     pub mlp_ratio: usize,
+    /// Attention channels relative to the hidden channels.
     #[serde(default = "one")]
     pub attn_ratio: usize,
+    /// Linear layers per MLP.
     #[serde(default = "two")]
     pub num_layers_mlp: usize,
+    /// Dropout probability (inference: none).
     #[serde(default)]
     pub dropout_prob: Option<f64>,
+    /// Whether the norms have learned scales.
     #[serde(default = "yes")]
     pub norm_elementwise_affine: bool,
+    /// Activation checkpointing in lgatr (training only).
     #[serde(default)]
     pub checkpoint_blocks: bool,
+    /// Mixed precision in lgatr (no effect here).
     #[serde(default)]
     pub naive_amp: bool,
+    /// `torch.compile` in lgatr (no effect here).
     #[serde(default)]
     pub compile: bool,
+    /// `torch.compile` arguments in lgatr (no effect here).
     #[serde(default)]
     pub compile_kwargs: Option<serde_json::Value>,
+    /// lgatr's activation memory budget (no effect here).
     #[serde(default)]
     pub activation_memory_budget: Option<f64>,
 }
@@ -200,9 +255,13 @@ pub struct SlimConfig {
 pub enum Nonlinearity {
     /// `F.gelu(approximate="tanh")`.
     Gelu,
+    /// `F.relu`.
     Relu,
+    /// `F.sigmoid`.
     Sigmoid,
+    /// `F.tanh`.
     Tanh,
+    /// `F.silu`.
     Silu,
 }
 

@@ -201,10 +201,15 @@ fn host(t: Tensor) -> Result<Vec<f64>> {
 /// The parameters of one lgatr `EquiLinear`, as loaded (host copies, f64).
 #[derive(Debug, Clone)]
 pub struct EquiLinearWeights {
+    /// Input multivector channels.
     pub in_mv: usize,
+    /// Output multivector channels.
     pub out_mv: usize,
+    /// Input scalar channels (0: none).
     pub in_s: usize,
+    /// Output scalar channels (0: none).
     pub out_s: usize,
+    /// SO⁺(1,3) basis (10 maps) rather than Pin(1,3) (5).
     pub subgroup: bool,
     /// `(out_mv, in_mv, NB)`.
     pub weight: Vec<f64>,
@@ -336,7 +341,9 @@ impl EquiLinearWeights {
 /// apply folded [`DenseMap`]s directly on their fused per-item layout).
 #[derive(Debug, Clone)]
 pub struct EquiLinear {
+    /// The parameters as loaded.
     pub weights: EquiLinearWeights,
+    /// The parameters folded into one dense map.
     pub fused: FusedLinear,
 }
 

@@ -50,7 +50,8 @@ pub(crate) struct GeometricBilinear {
 
 impl GeometricBilinear {
     /// Loads `linear_left`, `linear_right`, `linear_out` under `vb`.
-    pub fn load(
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn load(
         vb: &VarBuilder,
         in_mv: usize,
         out_mv: usize,
@@ -73,7 +74,7 @@ impl GeometricBilinear {
     }
 
     /// `(R, 16·in_mv + in_s)` → `(R, 16·out_mv + out_s)`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let lr = self.left_right.forward(x)?;
         let g = gp_fused(&lr, self.hidden, self.in_s, self.bivector)?;
         self.norm.forward(&self.out.forward(&g)?)
@@ -97,7 +98,7 @@ pub(crate) struct GeoMlp {
 
 impl GeoMlp {
     /// Loads `layers.{i}` under `vb` (= `blocks.{b}.mlp`).
-    pub fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
+    pub(crate) fn load(vb: &VarBuilder, cfg: &LgatrConfig) -> Result<Self> {
         let p = cfg.primitives();
         let f = Nonlinearity::parse(&cfg.mlp.nonlinearity)?;
         let (c, s, ratio, nl) =
@@ -158,7 +159,7 @@ impl GeoMlp {
     }
 
     /// `(R, 16C + S)` → same.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut h = x.clone();
         for l in &self.layers {
             h = match l {

@@ -40,7 +40,7 @@ impl SlimLinear {
     /// Loads `weight_v`, `linear_s.weight`, `linear_s.bias` under `vb`; `v_rows` / `s_rows`
     /// optionally reorder the output rows (new row r = old row order[r]).
     #[allow(clippy::too_many_arguments)]
-    pub fn load(
+    pub(crate) fn load(
         vb: &VarBuilder,
         in_v: usize,
         out_v: usize,
@@ -77,7 +77,7 @@ impl SlimLinear {
     }
 
     /// `v (R, 4, in_v)`, `s (R, in_s)` → `(R, 4, out_v)`, `(R, out_s)`.
-    pub fn forward(&self, v: &Tensor, s: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn forward(&self, v: &Tensor, s: &Tensor) -> Result<(Tensor, Tensor)> {
         let r = v.dim(0)?;
         let ov = match &self.wv_t {
             Some(w) => v.contiguous()?.reshape((r * 4, self.in_v))?.matmul(w)?.reshape((r, 4, self.out_v))?,
@@ -110,12 +110,12 @@ pub(crate) struct SlimRmsNorm {
 
 impl SlimRmsNorm {
     /// No-affine norm.
-    pub fn plain(cv: usize, cs: usize, device: &Device, dtype: DType) -> Result<Self> {
+    pub(crate) fn plain(cv: usize, cs: usize, device: &Device, dtype: DType) -> Result<Self> {
         Ok(Self { cv, cs, wv: None, ws: None, metric: metric_col(device, dtype)? })
     }
 
     /// Loads `weight_v`, `weight_s` when `affine`.
-    pub fn load(vb: &VarBuilder, cv: usize, cs: usize, affine: bool) -> Result<Self> {
+    pub(crate) fn load(vb: &VarBuilder, cv: usize, cs: usize, affine: bool) -> Result<Self> {
         let mut n = Self::plain(cv, cs, vb.device(), vb.dtype())?;
         if affine {
             if cv > 0 {
@@ -129,7 +129,7 @@ impl SlimRmsNorm {
     }
 
     /// `v (R, 4, C_v)`, `s (R, C_s)` → same.
-    pub fn forward(&self, v: &Tensor, s: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn forward(&self, v: &Tensor, s: &Tensor) -> Result<(Tensor, Tensor)> {
         let r = v.dim(0)?;
         let mut total = Tensor::zeros((r, 1), v.dtype(), v.device())?;
         if self.cv > 0 {
@@ -339,7 +339,7 @@ pub(crate) struct LgatrSlim {
 
 impl LgatrSlim {
     /// Builds the net from a state-dict `VarBuilder`.
-    pub fn load(vb: VarBuilder, cfg: SlimConfig) -> Result<Self> {
+    pub(crate) fn load(vb: VarBuilder, cfg: SlimConfig) -> Result<Self> {
         cfg.validate()?;
         let linear_in = SlimLinear::load(
             &vb.pp("linear_in"),
@@ -369,7 +369,7 @@ impl LgatrSlim {
 
     /// `vectors (..., N, in_v, 4)`, `scalars (..., N, in_s)`, optional additive bias broadcastable
     /// to `(B, H, N, N)` → `(outputs_v (..., N, out_v, 4), outputs_s (..., N, out_s))`.
-    pub fn forward(&self, vectors: &Tensor, scalars: &Tensor, bias: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
+    pub(crate) fn forward(&self, vectors: &Tensor, scalars: &Tensor, bias: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
         let cfg = &self.cfg;
         let dims = vectors.dims().to_vec();
         let rank = dims.len();
