@@ -391,7 +391,7 @@ impl ModelChain {
                 let Some((_, runner)) = self.runner.as_mut() else { continue };
                 let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
                 runner.plan(worst, cfg.chunk_len(), &mut |msg| warn(format!("{stage_name}: {msg}")));
-                let results = runner.run(
+                let results = runner.batch().run(
                     &todo,
                     Some(stage.device()),
                     |got, want| StageFailure::Misfit(format!("returned {got} results for {want} images")),

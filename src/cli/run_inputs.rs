@@ -163,7 +163,7 @@ pub fn run_items<L, P>(
         let batch: Vec<(&InputItem, L)> = std::mem::take(&mut loaded);
         worst = 0;
         let indices: Vec<usize> = (0..batch.len()).collect();
-        let results = runner.run(
+        let results = runner.batch().run(
             &indices,
             Some(&spec.device),
             |got, want| Failed(anyhow::anyhow!("{command}: {got} results for {want} inputs (a bug)")),

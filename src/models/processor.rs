@@ -42,6 +42,15 @@ pub struct Size {
     pub width: usize,
 }
 
+/// Reads a `preprocessor_config.json` at `path` (size-limited), parses it and checks it with
+/// `validate`; errors name the file.
+pub fn read_processor<T: serde::de::DeserializeOwned>(path: &Path, validate: impl FnOnce(&T) -> Result<()>) -> Result<T> {
+    let text = crate::fsutil::read_input(path, crate::fsutil::MAX_TEXT_INPUT)?;
+    let cfg: T = serde_json::from_slice(&text).map_err(|e| crate::error::Error::bad_file(path, e.to_string()))?;
+    validate(&cfg).map_err(|e| crate::config_check::in_file(&path.display().to_string(), e))?;
+    Ok(cfg)
+}
+
 /// The `preprocessor_config.json` beside a model (inside a model directory, or beside a single
 /// weight file), when there is one.
 pub(crate) fn processor_file(model: &Path) -> Option<PathBuf> {

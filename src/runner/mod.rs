@@ -6,7 +6,6 @@
 pub(crate) mod backoff;
 pub mod plan;
 
-use candle_core::Device;
 
 pub use backoff::{check_injected_oom, AdaptiveBatch, MemoryFailure};
 pub use plan::{BatchSetting, MemoryBudget};
@@ -72,19 +71,10 @@ impl ItemRunner {
         self.batch.current()
     }
 
-    /// Runs `items` through `f` in passes of at most [`ItemRunner::current`] items and returns one
-    /// result per item, in order: a pass that runs out of memory is retried on the same items with
-    /// half the batch (`device` synchronised first), one that fails otherwise item by item
-    /// ([`AdaptiveBatch::run`]); `log` gets every change of batch.
-    pub fn run<T, R, E: MemoryFailure>(
-        &mut self,
-        items: &[T],
-        device: Option<&Device>,
-        wrong_count: impl Fn(usize, usize) -> E,
-        log: &mut dyn FnMut(String),
-        f: impl FnMut(&[T]) -> std::result::Result<Vec<R>, E>,
-    ) -> Vec<std::result::Result<R, E>> {
-        self.batch.run(items, device, wrong_count, log, f)
+    /// The batch that runs the passes ([`AdaptiveBatch::run`]: one result per item, in order; a
+    /// pass that runs out of memory retried on the same items with half the batch).
+    pub fn batch(&mut self) -> &mut AdaptiveBatch {
+        &mut self.batch
     }
 }
 

@@ -99,7 +99,7 @@ pub fn run_tiled(
             let window = src.read_window(Rect { x: win_x, y, w: win_w, h: plan.tile_h })?;
             let row_cols: Vec<usize> = cols.clone().collect();
             let misfit = || Error::Input(format!("{label}: the model returned maps that do not fit the {}×{} tiles", plan.tile_w, plan.tile_h));
-            let results = runner.run(&row_cols, model.device(), |_, _| misfit(), log, |chunk| {
+            let results = runner.batch().run(&row_cols, model.device(), |_, _| misfit(), log, |chunk| {
                 let crops: Vec<RgbImage> = chunk
                     .iter()
                     .map(|&c| image::imageops::crop_imm(&window.rgb, (plan.xs[c] - win_x) as u32, 0, plan.tile_w as u32, plan.tile_h as u32).to_image())

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::config_check::{self, Section, MAX_MULTIPLE};
 use crate::error::{Error, Result};
 use crate::imageio::resample::{resize, Filter};
-use crate::models::processor::{dpt_output_size, processor_file, ImageProcessor, Normalization, Size};
+use crate::models::processor::{dpt_output_size, processor_file, read_processor, ImageProcessor, Normalization, Size};
 
 /// The side CHMv2 was trained at (416 px tiles of 0.6 m imagery): the default tile of a large raster.
 pub(crate) const WORKING_SIZE: usize = 416;
@@ -105,10 +105,7 @@ impl Chmv2Processor {
 
     /// Reads and validates a `preprocessor_config.json`.
     pub fn from_file(p: &Path) -> Result<Self> {
-        let text = crate::fsutil::read_input(p, crate::fsutil::MAX_TEXT_INPUT)?;
-        let cfg: Chmv2Processor = serde_json::from_slice(&text).map_err(|e| Error::bad_file(p, e.to_string()))?;
-        cfg.validate().map_err(|e| config_check::in_file(&p.display().to_string(), e))?;
-        Ok(cfg)
+        read_processor(p, Self::validate)
     }
 
     /// Checks every number against the shared config limits ([`crate::config_check`]).

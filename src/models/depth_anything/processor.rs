@@ -7,10 +7,10 @@ use candle_core::{Device, Tensor};
 use image::RgbImage;
 use serde::Deserialize;
 
-use crate::config_check::{self, Section, MAX_MULTIPLE};
-use crate::error::{Error, Result};
+use crate::config_check::{Section, MAX_MULTIPLE};
+use crate::error::Result;
 use crate::imageio::resample::Filter;
-use crate::models::processor::{dpt_output_size, Size, processor_file, to_pixel_values, ImageProcessor, Normalization, IMAGENET_MEAN, IMAGENET_STD};
+use crate::models::processor::{dpt_output_size, Size, processor_file, read_processor, to_pixel_values, ImageProcessor, Normalization, IMAGENET_MEAN, IMAGENET_STD};
 
 /// The DPT image processor's settings (`preprocessor_config.json`), defaults as the DA-V2 hub files.
 #[derive(Debug, Clone, Deserialize)]
@@ -47,11 +47,10 @@ impl Default for DptProcessor {
 impl DptProcessor {
     /// Reads `preprocessor_config.json` beside a model, or the defaults when there is none.
     pub fn for_model(model_path: &Path) -> Result<Self> {
-        let Some(p) = processor_file(model_path) else { return Ok(Self::default()) };
-        let text = crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT)?;
-        let cfg: DptProcessor = serde_json::from_slice(&text).map_err(|e| Error::bad_file(&p, e.to_string()))?;
-        cfg.validate().map_err(|e| config_check::in_file(&p.display().to_string(), e))?;
-        Ok(cfg)
+        match processor_file(model_path) {
+            Some(p) => read_processor(&p, Self::validate),
+            None => Ok(Self::default()),
+        }
     }
 
     /// Checks every number against the shared config limits ([`crate::config_check`]).
