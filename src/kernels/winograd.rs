@@ -71,6 +71,8 @@ fn transform_weights(o: usize, c: usize, weight: &[f32], bias: Option<&[f32]>) -
 /// added to the output as it is written (DPT's pre-activation units: `x + conv(relu(conv(relu(x))))`
 /// without three more passes over the feature map).
 #[derive(Debug, Clone, Copy, Default)]
+// Off x86-64 the kernel does not run and nothing reads the settings.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct Fused<'a> {
     /// Convolve `relu(x)` instead of `x`.
     pub relu_input: bool,
