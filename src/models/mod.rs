@@ -6,9 +6,11 @@ pub mod chmv2;
 pub mod da3;
 pub mod depth_anything;
 pub mod family;
+pub mod fixed_size;
 pub mod footprint;
 pub mod lgatr;
 pub mod processor;
+pub mod sam3;
 pub mod segformer;
 pub mod training;
 
@@ -52,6 +54,7 @@ pub static FAMILIES: &[&dyn Descriptor] = &[
     &Registered::<segformer::SegformerFamily>::new(),
     &Registered::<chmv2::Chmv2Family>::new(),
     &Registered::<lgatr::LgatrFamily>::new(),
+    &Registered::<sam3::Sam3Family>::new(),
 ];
 
 /// Every architecture name the families recognise, sorted.

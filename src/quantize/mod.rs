@@ -92,6 +92,7 @@ pub fn quantize(
     let plan: Vec<(String, Vec<usize>, GgmlDType)> = store
         .entries()
         .values()
+        .filter(|e| !recipe.drops(&e.name))
         .map(|e| {
             // GGUF has no rank-0 tensors: scalars are stored as [1] (the loader accepts either).
             let shape = if e.shape.is_empty() { vec![1] } else { e.shape.clone() };

@@ -1,0 +1,330 @@
+//! SAM 3's image path (`Sam3Model`, transformers 5.24; the original `sam3` 0.1.4 `Sam3Image`
+//! grounding): the Perception Encoder ViT and FPN neck once per image, the CLIP text encoder once per
+//! prompt, then per prompt the DETR encoder and decoder, the dot-product scoring, the presence logit
+//! and the mask decoder. Where the two references differ edgerun follows the original by default
+//! ([`Sam3Path`]; docs/sam3.md). Module paths are the hub's (transformers) tensor names; the
+//! `facebook/sam3` checkpoint's `detector_model.` prefix is found and its tracker ignored.
+mod attention;
+pub mod config;
+mod detr_decoder;
+mod detr_encoder;
+mod family;
+mod geometry;
+mod heads;
+mod neck;
+mod text;
+mod vit;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::{Error, Result};
+use crate::models::{required, Model, NamedTensors};
+use crate::weights::Vb;
+pub use config::Config;
+pub use family::Sam3Family;
+use attention::padding_bias;
+use detr_decoder::DetrDecoder;
+use detr_encoder::DetrEncoder;
+use geometry::EmptyGeometry;
+use heads::{cxcywh_to_xyxy, MaskDecoder, Scoring};
+use neck::{grid_sine_tensor, Neck, LEVELS};
+use text::TextEncoder;
+use vit::Vit;
+
+/// The prefix of the detector's tensors in the hub checkpoint (`Sam3VideoModel`).
+const DETECTOR_PREFIX: &str = "detector_model";
+/// The most prompts that go through the DETR encoder and decoder in one batch.
+const PROMPT_BATCH: usize = 8;
+
+/// Which reference's grounding path to reproduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sam3Path {
+    /// The original `sam3` package (what SegEarth-OV-3 runs): the ViT's LayerNorms use eps 1e-5, and
+    /// the geometry encoder always encodes an empty prompt, whose one token joins every prompt.
+    #[default]
+    Original,
+    /// transformers' `Sam3Model` without box prompts: the config's LayerNorm eps, the text tokens alone.
+    Transformers,
+}
+
+/// What a prompt brings to the image side: the projected text features and their mask.
+#[derive(Debug, Clone)]
+pub struct PromptFeatures {
+    /// `[P, L, D]`.
+    pub features: Tensor,
+    /// `[P, L]`, 1 for a token, 0 for padding.
+    pub mask: Tensor,
+}
+
+impl PromptFeatures {
+    /// The number of prompts.
+    pub fn len(&self) -> usize {
+        self.features.dim(0).unwrap_or(0)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Prompts `start..start + len`.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<Self> {
+        Ok(PromptFeatures { features: self.features.narrow(0, start, len)?, mask: self.mask.narrow(0, start, len)? })
+    }
+}
+
+/// What the image side computes once per image.
+#[derive(Debug, Clone)]
+pub struct ImageFeatures {
+    /// The FPN levels `[1, D, ·, ·]`, finest (×4) first.
+    pub levels: Vec<Tensor>,
+    /// The ×1 level as tokens, `[1, N, D]`.
+    tokens: Tensor,
+    /// The empty geometry prompt's token `[1, 1, D]` ([`Sam3Path::Original`]).
+    geometry: Option<Tensor>,
+}
+
+/// The grounding outputs for one image and some prompts.
+#[derive(Debug, Clone)]
+pub struct Grounding {
+    /// Instance mask logits `[P, Q, H/4·…]` at the ×4 FPN level.
+    pub pred_masks: Tensor,
+    /// Boxes `(x0, y0, x1, y1)` in 0..1, `[P, Q, 4]`.
+    pub pred_boxes: Tensor,
+    /// Query logits `[P, Q]`.
+    pub pred_logits: Tensor,
+    /// The presence logit `[P, 1]`.
+    pub presence_logits: Tensor,
+    /// The semantic map logits `[P, 1, ·, ·]`.
+    pub semantic_seg: Tensor,
+}
+
+/// SAM 3 for grounding text prompts in images.
+pub struct Sam3 {
+    vit: Vit,
+    neck: Neck,
+    text: Option<TextEncoder>,
+    geometry: Option<EmptyGeometry>,
+    detr_encoder: DetrEncoder,
+    detr_decoder: DetrDecoder,
+    scoring: Scoring,
+    mask_decoder: MaskDecoder,
+    /// The ×1 level's sine positions `[1, N, D]`.
+    pos: Tensor,
+    config: Config,
+    path: Sam3Path,
+}
+
+impl Sam3 {
+    /// Loads the model under `vb` (the checkpoint root; a `detector_model.` prefix is found) on the
+    /// original's path.
+    pub fn load(vb: &Vb, config: &Config) -> Result<Self> {
+        Self::load_with(vb, config, Sam3Path::Original)
+    }
+
+    /// Loads the model on the chosen reference's path.
+    pub fn load_with(vb: &Vb, config: &Config, path: Sam3Path) -> Result<Self> {
+        let vb = if vb.contains(&format!("{DETECTOR_PREFIX}.vision_encoder.backbone.embeddings.position_embeddings")) { vb.pp(DETECTOR_PREFIX) } else { vb.clone() };
+        let vit_config = config.vit();
+        let eps = match path {
+            Sam3Path::Original => geometry::EPS,
+            Sam3Path::Transformers => vit_config.layer_norm_eps,
+        };
+        let d = config.width();
+        let ve = vb.pp("vision_encoder");
+        let vit = Vit::load(&ve.pp("backbone"), vit_config, eps)?;
+        let neck = Neck::load(&ve.pp("neck"), vit_config.hidden_size, d)?;
+        let text = if vb.contains("text_encoder.text_model.embeddings.token_embedding.weight") { Some(TextEncoder::load(&vb, &config.text_config, d)?) } else { None };
+        let geometry = match path {
+            Sam3Path::Original => Some(EmptyGeometry::load(&vb.pp("geometry_encoder"), &config.geometry_encoder_config)?),
+            Sam3Path::Transformers => None,
+        };
+        let g = vit.grid();
+        Ok(Sam3 {
+            vit,
+            neck,
+            text,
+            geometry,
+            detr_encoder: DetrEncoder::load(&vb.pp("detr_encoder"), &config.detr_encoder_config)?,
+            detr_decoder: DetrDecoder::load(&vb.pp("detr_decoder"), &config.detr_decoder_config)?,
+            scoring: Scoring::load(&vb.pp("dot_product_scoring"), config)?,
+            mask_decoder: MaskDecoder::load(&vb.pp("mask_decoder"), config, LEVELS)?,
+            pos: grid_sine_tensor(g, g, d / 2, vb.dtype(), vb.device())?,
+            config: config.clone(),
+            path,
+        })
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Which reference's path it runs.
+    pub fn path(&self) -> Sam3Path {
+        self.path
+    }
+
+    /// Whether it carries its text encoder.
+    pub fn has_text_encoder(&self) -> bool {
+        self.text.is_some()
+    }
+
+    /// The image side of one image, `pixel_values` `[1, C, S, S]`.
+    pub fn image_features(&self, pixel_values: &Tensor) -> Result<ImageFeatures> {
+        if pixel_values.dim(0)? != 1 {
+            return Err(Error::Input(format!("image_features takes one image, got pixel_values {:?}", pixel_values.dims())));
+        }
+        let tokens = self.vit.forward(&pixel_values.to_dtype(self.pos.dtype())?)?;
+        let (b, n, c) = tokens.dims3()?;
+        let g = self.vit.grid();
+        let map = tokens.transpose(1, 2)?.reshape((b, c, g, g))?;
+        let levels = self.neck.forward(&map)?;
+        let tokens = levels[LEVELS - 1].flatten_from(2)?.transpose(1, 2)?.contiguous()?;
+        debug_assert_eq!(tokens.dim(1)?, n);
+        let geometry = match &self.geometry {
+            Some(geo) => Some(geo.forward(&tokens, &self.pos)?),
+            None => None,
+        };
+        Ok(ImageFeatures { levels, tokens, geometry })
+    }
+
+    /// The prompt features of token ids `[P, L]` (u32) under `mask` `[P, L]`, by the text encoder.
+    pub fn prompt_features_from_ids(&self, ids: &Tensor, mask: &Tensor) -> Result<PromptFeatures> {
+        let text = self.text.as_ref().ok_or_else(|| Error::Input("this SAM 3 file carries no text encoder (its prompts were stored by `edgerun quantize --prompts`)".into()))?;
+        if ids.dims() != mask.dims() {
+            return Err(Error::Input(format!("input_ids {:?} and attention_mask {:?} differ in shape", ids.dims(), mask.dims())));
+        }
+        let features = text.forward(ids, mask)?;
+        Ok(PromptFeatures { features, mask: mask.to_dtype(DType::F32)? })
+    }
+
+    /// Grounds `prompts` in one image: the DETR encoder and decoder over batches of prompts, then
+    /// the scores, boxes, presence and masks.
+    pub fn ground(&self, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Grounding> {
+        let p = prompts.len();
+        if p == 0 {
+            return Err(Error::Input("no prompts to ground".into()));
+        }
+        let mut parts: Vec<Grounding> = Vec::new();
+        let mut start = 0;
+        while start < p {
+            let len = PROMPT_BATCH.min(p - start);
+            parts.push(self.ground_batch(image, &prompts.narrow(start, len)?)?);
+            start += len;
+        }
+        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { Ok(Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0)?) };
+        Ok(Grounding {
+            pred_masks: cat(|g| &g.pred_masks)?,
+            pred_boxes: cat(|g| &g.pred_boxes)?,
+            pred_logits: cat(|g| &g.pred_logits)?,
+            presence_logits: cat(|g| &g.presence_logits)?,
+            semantic_seg: cat(|g| &g.semantic_seg)?,
+        })
+    }
+
+    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Grounding> {
+        let dtype = self.pos.dtype();
+        let p = prompts.len();
+        let d = self.config.width();
+        let (features, mask) = (prompts.features.to_dtype(dtype)?, prompts.mask.to_dtype(DType::F32)?);
+        if features.dim(2)? != d {
+            return Err(Error::Input(format!("prompt features {:?} are not {d} wide", features.dims())));
+        }
+        let (prompt, mask) = match &image.geometry {
+            Some(g) => (
+                Tensor::cat(&[&features, &g.broadcast_as((p, 1, d))?.to_dtype(dtype)?], 1)?,
+                Tensor::cat(&[&mask, &Tensor::ones((p, 1), DType::F32, mask.device())?], 1)?,
+            ),
+            None => (features, mask),
+        };
+        let bias = padding_bias(&mask, dtype)?;
+        let g = self.vit.grid();
+        let memory = self.detr_encoder.forward(&image.tokens, &self.pos, &prompt, &bias)?;
+        let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
+        let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
+        let mut instances = Vec::with_capacity(p);
+        let mut semantic = Vec::with_capacity(p);
+        for i in 0..p {
+            let m = self.mask_decoder.forward(
+                &decoded.queries.narrow(0, i, 1)?,
+                &memory.narrow(0, i, 1)?,
+                (g, g),
+                &image.levels[..LEVELS - 1],
+                &prompt.narrow(0, i, 1)?,
+                &bias.narrow(0, i, 1)?,
+            )?;
+            instances.push(m.instances);
+            semantic.push(m.semantic);
+        }
+        debug_assert_eq!(self.detr_decoder.width(), d);
+        Ok(Grounding {
+            pred_masks: Tensor::cat(&instances, 0)?,
+            pred_boxes: cxcywh_to_xyxy(&decoded.boxes)?,
+            pred_logits: logits,
+            presence_logits: decoded.presence,
+            semantic_seg: Tensor::cat(&semantic, 0)?,
+        })
+    }
+
+    /// The ×1 level's sine positions as a map `[1, D, g, g]`.
+    fn position_map(&self) -> Result<Tensor> {
+        let g = self.vit.grid();
+        let d = self.config.width();
+        Ok(self.pos.transpose(1, 2)?.reshape((1, d, g, g))?)
+    }
+}
+
+/// Token ids given as floats (as the fixtures store them): whole, non-negative, below 2³².
+fn ids_from(t: &Tensor, name: &str) -> Result<Tensor> {
+    let v = t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f64>()?;
+    if let Some(bad) = v.iter().find(|x| !(x.is_finite() && **x >= 0.0 && x.fract() == 0.0 && **x < u32::MAX as f64)) {
+        return Err(Error::Input(format!("`{name}` holds {bad}, not a token id")));
+    }
+    Ok(Tensor::from_vec(v.iter().map(|&x| x as u32).collect::<Vec<_>>(), t.shape(), t.device())?)
+}
+
+impl Model for Sam3 {
+    fn architecture(&self) -> &str {
+        "sam3"
+    }
+
+    fn input_names(&self) -> Vec<&'static str> {
+        vec!["pixel_values", "input_ids", "attention_mask"]
+    }
+
+    /// `pixel_values` `[B, C, S, S]` and prompts `input_ids` / `attention_mask` `[P, L]`: every image
+    /// with every prompt, outputs image-major (`[B·P, …]`), plus the FPN levels, the ×1 level's
+    /// positions and the prompts' text features.
+    fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
+        let pixel_values = required(inputs, "pixel_values")?;
+        let ids = ids_from(required(inputs, "input_ids")?, "input_ids")?;
+        let mask = match inputs.get("attention_mask") {
+            Some(m) => m.clone(),
+            None => Tensor::ones(ids.dims(), DType::F32, ids.device())?,
+        };
+        let prompts = self.prompt_features_from_ids(&ids, &mask)?;
+        let mut out = NamedTensors::new();
+        let mut per: Vec<Grounding> = Vec::new();
+        let mut levels: Vec<Vec<Tensor>> = vec![Vec::new(); LEVELS];
+        for b in 0..pixel_values.dim(0)? {
+            let image = self.image_features(&pixel_values.narrow(0, b, 1)?)?;
+            per.push(self.ground(&image, &prompts)?);
+            for (i, l) in image.levels.into_iter().enumerate() {
+                levels[i].push(l);
+            }
+        }
+        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { Ok(Tensor::cat(&per.iter().map(f).collect::<Vec<_>>(), 0)?) };
+        out.insert("pred_masks".into(), cat(|g| &g.pred_masks)?);
+        out.insert("pred_boxes".into(), cat(|g| &g.pred_boxes)?);
+        out.insert("pred_logits".into(), cat(|g| &g.pred_logits)?);
+        out.insert("presence_logits".into(), cat(|g| &g.presence_logits)?);
+        out.insert("semantic_seg".into(), cat(|g| &g.semantic_seg)?);
+        for (i, l) in levels.iter().enumerate() {
+            out.insert(format!("fpn_{i}"), Tensor::cat(l, 0)?);
+        }
+        out.insert(format!("fpn_pos_{}", LEVELS - 1), self.position_map()?);
+        out.insert("text_features".into(), prompts.features);
+        Ok(out)
+    }
+}
