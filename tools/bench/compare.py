@@ -130,7 +130,14 @@ def build_lgatr(workdir):
     return case
 
 
-BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr}
+def build_sam3(workdir):
+    import sam3 as sam3_bench
+
+    fwd, inputs, outputs = sam3_bench.build(workdir, fixtures_common().reinit)
+    return Case("sam3", f"SAM 3 @ 1008², 1 image × {sam3_bench.PROMPTS} prompts", fwd, inputs, outputs, workdir)
+
+
+BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr, "sam3": build_sam3}
 
 
 def count_flops(case):

@@ -13,6 +13,7 @@ mod geometry;
 mod heads;
 mod neck;
 mod text;
+pub mod tokenizer;
 mod vit;
 
 use candle_core::{DType, Device, Tensor};
