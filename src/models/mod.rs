@@ -23,7 +23,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::{Error, Result};
 use crate::tasks::Task;
 use crate::weights::{Vb, WeightStore};
-pub use family::{DepthOutputs, Descriptor, Family};
+pub use family::{DepthOutputs, Descriptor, Family, GgufExtras};
 use family::{AnyConfig, Registered};
 use processor::ImageProcessor;
 use training::Trainee;
@@ -173,6 +173,11 @@ impl Checkpoint {
     /// Its depth outputs, when it is a depth model.
     pub fn depth_outputs(&self) -> Option<DepthOutputs> {
         self.family.depth_outputs(&self.config)
+    }
+
+    /// What a GGUF copy of it carries besides its tensors ([`Family::gguf_extras`]).
+    pub fn gguf_extras(&self, prompts: Option<&[String]>) -> Result<GgufExtras> {
+        self.built(|| self.family.gguf_extras(&self.config, &self.store, &self.path, prompts))
     }
 
     /// The model as fine-tuning drives it, its trainable weights chosen in `vb`.

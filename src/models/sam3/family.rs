@@ -9,14 +9,14 @@ use serde_json::Value;
 use super::{Config, Sam3, PROMPT_BATCH};
 use crate::error::{Error, Result};
 use crate::imageio::resample::Filter;
-use crate::models::family::{DepthOutputs, Family};
+use crate::models::family::{DepthOutputs, Family, GgufExtras};
 use crate::models::fixed_size::FixedSizeProcessor;
 use crate::models::footprint::ModelEstimate;
 use crate::models::processor::ImageProcessor;
 use crate::models::training::{Trainee, TrainingLayout};
 use crate::models::Model;
 use crate::tasks::Task;
-use crate::weights::Vb;
+use crate::weights::{Vb, WeightStore};
 
 /// The SAM 3 family.
 pub struct Sam3Family;
@@ -78,5 +78,9 @@ impl Family for Sam3Family {
 
     fn trainee(_: &Vb, _: &Config) -> Result<Box<dyn Trainee>> {
         Err(Error::Config("SAM 3 models cannot be fine-tuned".into()))
+    }
+
+    fn gguf_extras(c: &Config, store: &Arc<WeightStore>, model_path: &Path, prompts: Option<&[String]>) -> Result<GgufExtras> {
+        super::prompts::gguf_extras(c, store, model_path, prompts)
     }
 }

@@ -12,6 +12,7 @@ mod family;
 mod geometry;
 mod heads;
 mod neck;
+pub mod prompts;
 mod text;
 pub mod tokenizer;
 mod vit;
@@ -29,7 +30,9 @@ use detr_encoder::DetrEncoder;
 use geometry::EmptyGeometry;
 use heads::{cxcywh_to_xyxy, MaskDecoder, Scoring};
 use neck::{grid_sine_tensor, Neck, LEVELS};
+use prompts::StoredPrompts;
 use text::TextEncoder;
+use tokenizer::ClipTokenizer;
 use vit::Vit;
 
 /// The prefix of the detector's tensors in the hub checkpoint (`Sam3VideoModel`).
@@ -112,6 +115,8 @@ pub struct Sam3 {
     mask_decoder: MaskDecoder,
     /// The ×1 level's sine positions `[1, N, D]`.
     pos: Tensor,
+    tokenizer: Option<ClipTokenizer>,
+    stored: Option<StoredPrompts>,
     config: Config,
     path: Sam3Path,
 }
@@ -125,7 +130,9 @@ impl Sam3 {
 
     /// Loads the model on the chosen reference's path.
     pub fn load_with(vb: &Vb, config: &Config, path: Sam3Path) -> Result<Self> {
-        let vb = if vb.contains(&format!("{DETECTOR_PREFIX}.vision_encoder.backbone.embeddings.position_embeddings")) { vb.pp(DETECTOR_PREFIX) } else { vb.clone() };
+        let stored = StoredPrompts::load(vb, config.text_config.max_position_embeddings, config.width())?;
+        let tokenizer = prompts::tokenizer(vb.store(), vb.store().root(), config)?;
+        let vb = detector_root(vb);
         let vit_config = config.vit();
         let eps = match path {
             Sam3Path::Original => geometry::EPS,
@@ -151,6 +158,8 @@ impl Sam3 {
             scoring: Scoring::load(&vb.pp("dot_product_scoring"), config)?,
             mask_decoder: MaskDecoder::load(&vb.pp("mask_decoder"), config, LEVELS)?,
             pos: grid_sine_tensor(g, g, d / 2, vb.dtype(), vb.device())?,
+            tokenizer,
+            stored,
             config: config.clone(),
             path,
         })
@@ -169,6 +178,57 @@ impl Sam3 {
     /// Whether it carries its text encoder.
     pub fn has_text_encoder(&self) -> bool {
         self.text.is_some()
+    }
+
+    /// The prompts whose features the file stores.
+    pub fn stored_prompts(&self) -> &[String] {
+        self.stored.as_ref().map(|s| s.names.as_slice()).unwrap_or_default()
+    }
+
+    /// The features of `prompts`: stored ones as stored, the others from the tokenizer and the text
+    /// encoder (all of them in one batch). Compute them once and ground them in every image.
+    pub fn prompt_features(&self, prompts: &[impl AsRef<str>]) -> Result<PromptFeatures> {
+        if prompts.is_empty() || prompts.len() > prompts::MAX_PROMPTS {
+            return Err(Error::Input(format!("{} prompts; 1 to {} are grounded at once", prompts.len(), prompts::MAX_PROMPTS)));
+        }
+        let rows: Vec<Option<usize>> = prompts.iter().map(|p| self.stored.as_ref().and_then(|s| s.row(p.as_ref()))).collect();
+        let new: Vec<&str> = prompts.iter().zip(&rows).filter(|(_, r)| r.is_none()).map(|(p, _)| p.as_ref()).collect();
+        let computed = if new.is_empty() {
+            None
+        } else {
+            let tok = match (&self.tokenizer, &self.text) {
+                (Some(t), Some(_)) => t,
+                (_, None) => {
+                    return Err(Error::Input(format!(
+                        "prompt {:?} is not among the {} this file stores ({}) and it has no text encoder to compute it",
+                        new[0],
+                        self.stored_prompts().len(),
+                        self.stored_prompts().join(", ")
+                    )))
+                }
+                (None, Some(_)) => return Err(Error::Input("no tokenizer beside the model (tokenizer.json, or vocab.json and merges.txt) to tokenize the prompts".into())),
+            };
+            let (ids, mask) = tok.encode(&new)?;
+            let shape = (new.len(), tok.context());
+            let dev = self.pos.device();
+            Some(self.prompt_features_from_ids(&Tensor::from_vec(ids, shape, dev)?, &Tensor::from_vec(mask, shape, dev)?)?)
+        };
+        let mut next_new = 0;
+        let mut features = Vec::with_capacity(prompts.len());
+        let mut masks = Vec::with_capacity(prompts.len());
+        for r in rows {
+            let (src, i) = match (r, &self.stored, &computed) {
+                (Some(i), Some(s), _) => (&s.features, i),
+                (None, _, Some(c)) => {
+                    next_new += 1;
+                    (c, next_new - 1)
+                }
+                _ => return Err(Error::Input("a prompt's features went missing".into())),
+            };
+            features.push(src.features.narrow(0, i, 1)?.to_dtype(self.pos.dtype())?);
+            masks.push(src.mask.narrow(0, i, 1)?);
+        }
+        Ok(PromptFeatures { features: Tensor::cat(&features, 0)?, mask: Tensor::cat(&masks, 0)? })
     }
 
     /// The image side of one image, `pixel_values` `[1, C, S, S]`.
@@ -276,6 +336,15 @@ impl Sam3 {
     }
 }
 
+/// `vb` at the detector's tensors: the hub checkpoint's `detector_model.` prefix when it has one.
+pub(crate) fn detector_root(vb: &Vb) -> Vb {
+    if vb.contains(&format!("{DETECTOR_PREFIX}.vision_encoder.backbone.embeddings.position_embeddings")) {
+        vb.pp(DETECTOR_PREFIX)
+    } else {
+        vb.clone()
+    }
+}
+
 /// Token ids given as floats (as the fixtures store them): whole, non-negative, below 2³².
 fn ids_from(t: &Tensor, name: &str) -> Result<Tensor> {
     let v = t.to_dtype(DType::F64)?.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f64>()?;
@@ -299,12 +368,18 @@ impl Model for Sam3 {
     /// positions and the prompts' text features.
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
         let pixel_values = required(inputs, "pixel_values")?;
-        let ids = ids_from(required(inputs, "input_ids")?, "input_ids")?;
-        let mask = match inputs.get("attention_mask") {
-            Some(m) => m.clone(),
-            None => Tensor::ones(ids.dims(), DType::F32, ids.device())?,
+        let prompts = match inputs.get("input_ids") {
+            Some(ids) => {
+                let ids = ids_from(ids, "input_ids")?;
+                let mask = match inputs.get("attention_mask") {
+                    Some(m) => m.clone(),
+                    None => Tensor::ones(ids.dims(), DType::F32, ids.device())?,
+                };
+                self.prompt_features_from_ids(&ids, &mask)?
+            }
+            None if !self.stored_prompts().is_empty() => self.prompt_features(self.stored_prompts())?,
+            None => return Err(Error::Input("missing input `input_ids` (this file stores no prompts)".into())),
         };
-        let prompts = self.prompt_features_from_ids(&ids, &mask)?;
         let mut out = NamedTensors::new();
         let mut per: Vec<Grounding> = Vec::new();
         let mut levels: Vec<Vec<Tensor>> = vec![Vec::new(); LEVELS];
