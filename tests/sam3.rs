@@ -162,3 +162,48 @@ fn the_hub_layout_loads_as_the_model() {
     let store = edgerun::weights::WeightStore::open(&gguf).unwrap();
     assert!(store.contains("detector_model.detr_decoder.query_embed.weight") && !store.contains("tracker_model.some.weight"));
 }
+
+/// A checkpoint with a tensor missing or mis-shaped, and a text encoder fed ids past its vocabulary or
+/// a mask without a first token: errors that name the file, the tensor or the input.
+#[test]
+fn bad_weights_and_inputs_are_named() {
+    let src = fixture("sam3_tiny");
+    let copy = |edit: &dyn Fn(&mut NamedTensors)| {
+        let tmp = tempfile::tempdir().unwrap();
+        for f in ["config.json", "tokenizer.json"] {
+            std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+        }
+        let mut t = tensors(&src, "model.safetensors");
+        edit(&mut t);
+        edgerun::tensor_io::write_tensors(&tmp.path().join("model.safetensors"), &t).unwrap();
+        tmp
+    };
+    let load_err = |dir: &std::path::Path| -> String {
+        match Checkpoint::open(dir).and_then(|c| c.load(&dev(), DType::F32)) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let missing = copy(&|t| {
+        t.remove("detr_decoder.box_head.layer3.weight");
+    });
+    let msg = load_err(missing.path());
+    assert!(msg.contains("detr_decoder.box_head.layer3.weight"), "{msg}");
+    let misshaped = copy(&|t| {
+        t.insert("vision_encoder.backbone.layers.1.attention.q_proj.weight".into(), Tensor::zeros((32, 16), DType::F32, &dev()).unwrap());
+    });
+    let msg = load_err(misshaped.path());
+    assert!(msg.contains("vision_encoder.backbone.layers.1.attention.q_proj.weight") && msg.contains(&*misshaped.path().to_string_lossy()) && msg.contains("[32, 16]"), "{msg}");
+    let model = load(Sam3Path::Original);
+    let ids = Tensor::from_vec(vec![1u32, 300, 2], (1, 3), &dev()).unwrap();
+    let ones = Tensor::ones((1, 3), DType::F32, &dev()).unwrap();
+    let msg = model.prompt_features_from_ids(&ids, &ones).expect_err("id 300").to_string();
+    assert!(msg.contains("300") && msg.contains("vocabulary"), "{msg}");
+    let ids = Tensor::from_vec(vec![1u32, 5, 2], (1, 3), &dev()).unwrap();
+    let mask = Tensor::from_vec(vec![0f32, 1.0, 1.0], (1, 3), &dev()).unwrap();
+    assert!(model.prompt_features_from_ids(&ids, &mask).is_err());
+    let mut inputs = tensors(&src, "input.safetensors");
+    inputs.insert("pixel_values".into(), Tensor::zeros((1, 3, 48, 64), DType::F32, &dev()).unwrap());
+    let msg = model.forward_named(&inputs).expect_err("48x64").to_string();
+    assert!(msg.contains("64") && msg.contains("pixel_values"), "{msg}");
+}

@@ -96,10 +96,13 @@ pub fn quantize_with(
     if !recipe.arch.is_empty() && !arch.is_empty() && recipe.arch != arch {
         return Err(Error::Config(format!("recipe is for `{}` but the model is `{arch}`", recipe.arch)));
     }
-    let extras = match crate::models::family_of(&arch) {
-        Some(_) => crate::models::Checkpoint::from_store(store.clone(), input)?.gguf_extras(prompts)?,
-        None if prompts.is_some() => return Err(Error::Config(format!("`{arch}` models take no text prompts"))),
-        None => crate::models::GgufExtras::default(),
+    let checkpoint = crate::models::family_of(&arch).map(|_| crate::models::Checkpoint::from_store(store.clone(), input));
+    let extras = match (checkpoint, prompts) {
+        (Some(ckpt), Some(_)) => ckpt?.gguf_extras(prompts)?,
+        (None, Some(_)) => return Err(Error::Config(format!("`{arch}` models take no text prompts"))),
+        (Some(Ok(ckpt)), None) => ckpt.gguf_extras(None)?,
+        // A config that does not parse is copied as it is: loading the copy names it (as its metadata).
+        (Some(Err(_)) | None, None) => crate::models::GgufExtras::default(),
     };
     let dropped = |name: &str| recipe.drops(name) || extras.drop.iter().any(|p| recipe::glob_match(p, name));
     let mut plan: Vec<(String, Vec<usize>, GgmlDType)> = store
