@@ -53,7 +53,6 @@ pub(crate) struct DetrDecoder {
     rpb_x: ReluMlp,
     rpb_y: ReluMlp,
     heads: usize,
-    width: usize,
 }
 
 impl DetrDecoder {
@@ -89,7 +88,6 @@ impl DetrDecoder {
             rpb_x: ReluMlp::load(&vb.pp("box_rpb_embed_x"), &three[..2], &[2, d, h])?,
             rpb_y: ReluMlp::load(&vb.pp("box_rpb_embed_y"), &three[..2], &[2, d, h])?,
             heads: h,
-            width: d,
         })
     }
 
@@ -158,11 +156,6 @@ impl DetrDecoder {
         let bias = by.broadcast_add(&bx)?.reshape((p, self.heads, q, h * w))?;
         let zero = Tensor::zeros((p, self.heads, 1, h * w), dtype, dev)?;
         Ok(Tensor::cat(&[&zero, &bias], 2)?)
-    }
-
-    /// The width.
-    pub(crate) fn width(&self) -> usize {
-        self.width
     }
 }
 

@@ -20,6 +20,7 @@ mod vit;
 use candle_core::{DType, Device, Tensor};
 
 use crate::error::{Error, Result};
+use crate::profile::Span;
 use crate::models::{required, Model, NamedTensors};
 use crate::weights::Vb;
 pub use config::Config;
@@ -236,13 +237,18 @@ impl Sam3 {
         if pixel_values.dim(0)? != 1 {
             return Err(Error::Input(format!("image_features takes one image, got pixel_values {:?}", pixel_values.dims())));
         }
+        let span = Span::new("sam3.vit");
         let tokens = self.vit.forward(&pixel_values.to_dtype(self.pos.dtype())?)?;
+        drop(span);
+        let span = Span::new("sam3.neck");
         let (b, n, c) = tokens.dims3()?;
         let g = self.vit.grid();
         let map = tokens.transpose(1, 2)?.reshape((b, c, g, g))?;
         let levels = self.neck.forward(&map)?;
         let tokens = levels[LEVELS - 1].flatten_from(2)?.transpose(1, 2)?.contiguous()?;
         debug_assert_eq!(tokens.dim(1)?, n);
+        drop(span);
+        let _span = Span::new("sam3.geometry");
         let geometry = match &self.geometry {
             Some(geo) => Some(geo.forward(&tokens, &self.pos)?),
             None => None,
@@ -256,35 +262,40 @@ impl Sam3 {
         if ids.dims() != mask.dims() {
             return Err(Error::Input(format!("input_ids {:?} and attention_mask {:?} differ in shape", ids.dims(), mask.dims())));
         }
+        let _span = Span::new("sam3.text");
         let features = text.forward(ids, mask)?;
         Ok(PromptFeatures { features, mask: mask.to_dtype(DType::F32)? })
     }
 
     /// Grounds `prompts` in one image: the DETR encoder and decoder over batches of prompts, then
-    /// the scores, boxes, presence and masks.
+    /// the scores, boxes and presence, and each prompt's masks written into the outputs in place
+    /// (the masks of many prompts are the largest thing a pass holds).
     pub fn ground(&self, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Grounding> {
         let p = prompts.len();
         if p == 0 {
             return Err(Error::Input("no prompts to ground".into()));
         }
-        let mut parts: Vec<Grounding> = Vec::new();
+        let dtype = self.pos.dtype();
+        let dev = self.pos.device();
+        let (q, (mh, mw)) = (self.config.detr_decoder_config.num_queries, image.levels[0].dims4().map(|d| (d.2, d.3))?);
+        let out = Grounding {
+            pred_masks: Tensor::zeros((p, q, mh, mw), dtype, dev)?,
+            pred_boxes: Tensor::zeros((p, q, 4), dtype, dev)?,
+            pred_logits: Tensor::zeros((p, q), dtype, dev)?,
+            presence_logits: Tensor::zeros((p, 1), dtype, dev)?,
+            semantic_seg: Tensor::zeros((p, 1, mh, mw), dtype, dev)?,
+        };
         let mut start = 0;
         while start < p {
             let len = PROMPT_BATCH.min(p - start);
-            parts.push(self.ground_batch(image, &prompts.narrow(start, len)?)?);
+            self.ground_batch(image, &prompts.narrow(start, len)?, &out, start)?;
             start += len;
         }
-        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { Ok(Tensor::cat(&parts.iter().map(f).collect::<Vec<_>>(), 0)?) };
-        Ok(Grounding {
-            pred_masks: cat(|g| &g.pred_masks)?,
-            pred_boxes: cat(|g| &g.pred_boxes)?,
-            pred_logits: cat(|g| &g.pred_logits)?,
-            presence_logits: cat(|g| &g.presence_logits)?,
-            semantic_seg: cat(|g| &g.semantic_seg)?,
-        })
+        Ok(out)
     }
 
-    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Grounding> {
+    /// Grounds a batch of prompts, writing their outputs into `out` from row `at` on.
+    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures, out: &Grounding, at: usize) -> Result<()> {
         let dtype = self.pos.dtype();
         let p = prompts.len();
         let d = self.config.width();
@@ -301,12 +312,18 @@ impl Sam3 {
         };
         let bias = padding_bias(&mask, dtype)?;
         let g = self.vit.grid();
+        let span = Span::new("sam3.detr_encoder");
         let memory = self.detr_encoder.forward(&image.tokens, &self.pos, &prompt, &bias)?;
+        drop(span);
+        let span = Span::new("sam3.detr_decoder");
         let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
+        drop(span);
         let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
-        let mut instances = Vec::with_capacity(p);
-        let mut semantic = Vec::with_capacity(p);
+        out.pred_logits.slice_set(&logits.contiguous()?, 0, at)?;
+        out.pred_boxes.slice_set(&cxcywh_to_xyxy(&decoded.boxes)?.contiguous()?, 0, at)?;
+        out.presence_logits.slice_set(&decoded.presence.contiguous()?, 0, at)?;
         for i in 0..p {
+            let _span = Span::new("sam3.mask_decoder");
             let m = self.mask_decoder.forward(
                 &decoded.queries.narrow(0, i, 1)?,
                 &memory.narrow(0, i, 1)?,
@@ -315,17 +332,10 @@ impl Sam3 {
                 &prompt.narrow(0, i, 1)?,
                 &bias.narrow(0, i, 1)?,
             )?;
-            instances.push(m.instances);
-            semantic.push(m.semantic);
+            out.pred_masks.slice_set(&m.instances, 0, at + i)?;
+            out.semantic_seg.slice_set(&m.semantic, 0, at + i)?;
         }
-        debug_assert_eq!(self.detr_decoder.width(), d);
-        Ok(Grounding {
-            pred_masks: Tensor::cat(&instances, 0)?,
-            pred_boxes: cxcywh_to_xyxy(&decoded.boxes)?,
-            pred_logits: logits,
-            presence_logits: decoded.presence,
-            semantic_seg: Tensor::cat(&semantic, 0)?,
-        })
+        Ok(())
     }
 
     /// The ×1 level's sine positions as a map `[1, D, g, g]`.
@@ -343,6 +353,14 @@ pub(crate) fn detector_root(vb: &Vb) -> Vb {
     } else {
         vb.clone()
     }
+}
+
+/// The one tensor of `parts`, else their concatenation along the first dimension.
+fn one_or_cat(mut parts: Vec<Tensor>) -> Result<Tensor> {
+    if parts.len() == 1 {
+        return parts.pop().ok_or_else(|| Error::Input("nothing to concatenate".into()));
+    }
+    Ok(Tensor::cat(&parts, 0)?)
 }
 
 /// Token ids given as floats (as the fixtures store them): whole, non-negative, below 2³².
@@ -390,14 +408,14 @@ impl Model for Sam3 {
                 levels[i].push(l);
             }
         }
-        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { Ok(Tensor::cat(&per.iter().map(f).collect::<Vec<_>>(), 0)?) };
+        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { one_or_cat(per.iter().map(f).cloned().collect()) };
         out.insert("pred_masks".into(), cat(|g| &g.pred_masks)?);
         out.insert("pred_boxes".into(), cat(|g| &g.pred_boxes)?);
         out.insert("pred_logits".into(), cat(|g| &g.pred_logits)?);
         out.insert("presence_logits".into(), cat(|g| &g.presence_logits)?);
         out.insert("semantic_seg".into(), cat(|g| &g.semantic_seg)?);
         for (i, l) in levels.iter().enumerate() {
-            out.insert(format!("fpn_{i}"), Tensor::cat(l, 0)?);
+            out.insert(format!("fpn_{i}"), one_or_cat(l.clone())?);
         }
         out.insert(format!("fpn_pos_{}", LEVELS - 1), self.position_map()?);
         out.insert("text_features".into(), prompts.features);
