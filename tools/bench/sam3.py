@@ -9,22 +9,30 @@ mask decoder — the work edgerun does.
 """
 import torch
 
-PROMPTS = 8
+TEXTS = ["building", "roof", "house", "tree", "forest", "water", "river", "road"]
+PROMPTS = len(TEXTS)
 CONTEXT = 32
 OUTPUTS = ["pred_masks", "pred_boxes", "pred_logits", "presence_logits", "semantic_seg"]
 
 
-def prompt_ids(n=PROMPTS, seed=2):
-    """Token ids and masks of `n` prompts of 1 to 4 words (start 49406, end 49407, padded with 49407)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.full((n, CONTEXT), 49407, dtype=torch.long)
-    mask = torch.zeros(n, CONTEXT, dtype=torch.long)
-    for i in range(n):
-        words = 1 + i % 4
-        row = [49406] + torch.randint(256, 49000, (words,), generator=g).tolist() + [49407]
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-    return ids, mask
+def clip_tokenizer(workdir):
+    """transformers' CLIPTokenizer on CLIP's own BPE (as tools/fixtures/clip_tokenizer.py builds it), saved as
+    `tokenizer.json` beside the model so that edgerun tokenizes the same prompts."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("clip_fixture", os.path.join(os.path.dirname(__file__), "..", "fixtures", "clip_tokenizer.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    tok = mod.tokenizer(*mod.full_bpe())
+    tok.backend_tokenizer.save(os.path.join(workdir, "tokenizer.json"))
+    return tok
+
+
+def prompt_ids(tok):
+    """Token ids and masks of TEXTS as SAM 3's processor makes them."""
+    enc = tok(TEXTS, padding="max_length", max_length=CONTEXT, truncation=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
 
 
 def original_path(model):
@@ -64,13 +72,17 @@ def ground(model, pixel_values, input_ids, attention_mask):
 
 def build(workdir, reinit):
     """The full-size model (random O(1) weights via `reinit`) saved under `workdir`, its forward and inputs."""
+    import os
+
     from transformers import Sam3Config, Sam3Model
 
     model = Sam3Model(Sam3Config()).eval()
     reinit(model, 0)
     model.save_pretrained(workdir)
     original_path(model)
-    ids, mask = prompt_ids()
+    ids, mask = prompt_ids(clip_tokenizer(workdir))
+    with open(os.path.join(workdir, "prompts.txt"), "w") as f:
+        f.write("\n".join(TEXTS) + "\n")
     x = torch.randn(1, 3, 1008, 1008, generator=torch.Generator().manual_seed(1))
     inputs = {"pixel_values": x, "input_ids": ids, "attention_mask": mask}
     return (lambda **kw: ground(model, **kw)), inputs, OUTPUTS

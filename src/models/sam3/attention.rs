@@ -1,7 +1,7 @@
 //! The multi-head attention every SAM 3 stack uses (`Sam3Attention`: q/k/v/o projections with
 //! biases, scale `head_dim^-1/2`), an additive bias for key padding or relative positions, and the
 //! MLPs around it.
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Module, Tensor, D};
 
 use crate::error::{Error, Result};
 use crate::nn::activation::Activation;
@@ -72,16 +72,40 @@ pub(crate) struct Mlp {
     fc1: Linear,
     act: Activation,
     fc2: Linear,
+    hidden: usize,
 }
 
 impl Mlp {
     /// Loads `fc1` and `fc2` under `vb`.
     pub(crate) fn load(vb: &Vb, dim: usize, hidden: usize, act: &str) -> Result<Self> {
-        Ok(Mlp { fc1: Linear::load(&vb.pp("fc1"), dim, hidden, true)?, act: Activation::from_name(act)?, fc2: Linear::load(&vb.pp("fc2"), hidden, dim, true)? })
+        Ok(Mlp { fc1: Linear::load(&vb.pp("fc1"), dim, hidden, true)?, act: Activation::from_name(act)?, fc2: Linear::load(&vb.pp("fc2"), hidden, dim, true)?, hidden })
     }
 
-    /// Applies it.
+    /// Applies it, in blocks of rows whose hidden layer holds at most [`MLP_HIDDEN_BLOCK`] values
+    /// (the DETR encoder's is 2048 wide over every prompt's 5184 image tokens).
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let d = x.dim(D::Minus1)?;
+        let rows = x.elem_count() / d.max(1);
+        let block = (MLP_HIDDEN_BLOCK / self.hidden.max(1)).max(1);
+        if rows <= block {
+            return self.forward_rows(x);
+        }
+        let flat = x.reshape((rows, d))?;
+        let mut parts = Vec::with_capacity(rows.div_ceil(block));
+        let mut start = 0;
+        while start < rows {
+            let len = block.min(rows - start);
+            parts.push(self.forward_rows(&flat.narrow(0, start, len)?)?);
+            start += len;
+        }
+        let mut shape = x.dims().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = parts[0].dim(1)?;
+        }
+        Ok(Tensor::cat(&parts, 0)?.reshape(shape)?)
+    }
+
+    fn forward_rows(&self, x: &Tensor) -> Result<Tensor> {
         let h = match self.act {
             Activation::Gelu => self.fc1.forward_gelu(x)?,
             act => act.forward(&self.fc1.forward(x)?)?,
@@ -89,6 +113,9 @@ impl Mlp {
         Ok(self.fc2.forward(&h)?)
     }
 }
+
+/// The most hidden-layer values an [`Mlp`] holds at once (64 MiB in f32).
+const MLP_HIDDEN_BLOCK: usize = 16 << 20;
 
 /// ReLU between linear layers, none after the last (`Sam3DecoderMLP`, the mask embedder).
 pub(crate) struct ReluMlp {
@@ -126,4 +153,25 @@ pub(crate) fn padding_bias(mask: &Tensor, dtype: DType) -> Result<Tensor> {
     let zeros = Tensor::zeros((b, l), DType::F32, mask.device())?;
     let neg = Tensor::full(f32::NEG_INFINITY, (b, l), mask.device())?;
     Ok(valid.where_cond(&zeros, &neg)?.to_dtype(dtype)?.reshape((b, 1, 1, l))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn the_mlp_in_row_blocks_equals_it_whole() {
+        let dev = Device::Cpu;
+        let (d, hidden) = (4, 4096);
+        let lin = |o: usize, i: usize| Linear::from_tensors(Tensor::randn(0f32, 0.1, (o, i), &dev).unwrap(), Some(Tensor::randn(0f32, 0.1, o, &dev).unwrap())).unwrap();
+        let mlp = Mlp { fc1: lin(hidden, d), act: Activation::Relu, fc2: lin(d, hidden), hidden };
+        let x = Tensor::randn(0f32, 1.0, (2, 5000, d), &dev).unwrap();
+        assert!(2 * 5000 > MLP_HIDDEN_BLOCK / hidden, "the input spans several blocks");
+        let blocks = mlp.forward(&x).unwrap();
+        let whole = mlp.forward_rows(&x).unwrap();
+        assert_eq!(blocks.dims(), whole.dims());
+        let err = (blocks - whole).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert_eq!(err, 0.0);
+    }
 }

@@ -5,6 +5,8 @@
 //! ([`Sam3Path`]; docs/sam3.md). Module paths are the hub's (transformers) tensor names; the
 //! `facebook/sam3` checkpoint's `detector_model.` prefix is found and its tracker ignored.
 mod attention;
+mod bpe;
+mod clip_text;
 pub mod config;
 mod detr_decoder;
 mod detr_encoder;
@@ -15,6 +17,7 @@ mod neck;
 pub mod prompts;
 mod text;
 pub mod tokenizer;
+mod unicode_classes;
 mod vit;
 
 use candle_core::{DType, Device, Tensor};
@@ -131,6 +134,7 @@ impl Sam3 {
 
     /// Loads the model on the chosen reference's path.
     pub fn load_with(vb: &Vb, config: &Config, path: Sam3Path) -> Result<Self> {
+        let _span = Span::new("sam3.load");
         let stored = StoredPrompts::load(vb, config.text_config.max_position_embeddings, config.width())?;
         let tokenizer = prompts::tokenizer(vb.store(), vb.store().root(), config)?;
         let vb = detector_root(vb);
@@ -267,9 +271,9 @@ impl Sam3 {
         Ok(PromptFeatures { features, mask: mask.to_dtype(DType::F32)? })
     }
 
-    /// Grounds `prompts` in one image: the DETR encoder and decoder over batches of prompts, then
-    /// the scores, boxes and presence, and each prompt's masks written into the outputs in place
-    /// (the masks of many prompts are the largest thing a pass holds).
+    /// Grounds `prompts` in one image: the DETR encoder over batches of prompts, then per prompt the
+    /// decoder, the scores, boxes and presence and the masks, written into the outputs in place (the
+    /// masks of many prompts are the largest thing a pass holds).
     pub fn ground(&self, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Grounding> {
         let p = prompts.len();
         if p == 0 {
@@ -315,23 +319,19 @@ impl Sam3 {
         let span = Span::new("sam3.detr_encoder");
         let memory = self.detr_encoder.forward(&image.tokens, &self.pos, &prompt, &bias)?;
         drop(span);
-        let span = Span::new("sam3.detr_decoder");
-        let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
-        drop(span);
-        let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
-        out.pred_logits.slice_set(&logits.contiguous()?, 0, at)?;
-        out.pred_boxes.slice_set(&cxcywh_to_xyxy(&decoded.boxes)?.contiguous()?, 0, at)?;
-        out.presence_logits.slice_set(&decoded.presence.contiguous()?, 0, at)?;
+        // One prompt at a time from here: the decoder's box bias over the image tokens and the pixel
+        // decoder's maps at the ×4 level are the largest transients, and they are per prompt.
         for i in 0..p {
+            let (memory, prompt, mask, bias) = (memory.narrow(0, i, 1)?, prompt.narrow(0, i, 1)?, mask.narrow(0, i, 1)?, bias.narrow(0, i, 1)?);
+            let span = Span::new("sam3.detr_decoder");
+            let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
+            drop(span);
+            let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
+            out.pred_logits.slice_set(&logits.contiguous()?, 0, at + i)?;
+            out.pred_boxes.slice_set(&cxcywh_to_xyxy(&decoded.boxes)?.contiguous()?, 0, at + i)?;
+            out.presence_logits.slice_set(&decoded.presence.contiguous()?, 0, at + i)?;
             let _span = Span::new("sam3.mask_decoder");
-            let m = self.mask_decoder.forward(
-                &decoded.queries.narrow(0, i, 1)?,
-                &memory.narrow(0, i, 1)?,
-                (g, g),
-                &image.levels[..LEVELS - 1],
-                &prompt.narrow(0, i, 1)?,
-                &bias.narrow(0, i, 1)?,
-            )?;
+            let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], &prompt, &bias)?;
             out.pred_masks.slice_set(&m.instances, 0, at + i)?;
             out.semantic_seg.slice_set(&m.semantic, 0, at + i)?;
         }
