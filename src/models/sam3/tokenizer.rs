@@ -1,5 +1,5 @@
-//! SAM 3's text tokenizer: CLIP's byte-level BPE built as transformers' `CLIPTokenizer` (5.24) builds
-//! it — NFC, runs of whitespace to one space, lower case; CLIP's word pattern; byte-level symbols; BPE
+//! SAM 3's text tokenizer: CLIP's byte-level BPE as transformers' `CLIPTokenizer` (5.24) tokenizes
+//! — NFC, runs of whitespace to one space, lower case; CLIP's word pattern; byte-level symbols; BPE
 //! with `</w>` ending each word; `<|startoftext|>` and `<|endoftext|>` as special tokens — from the
 //! checkpoint's own vocabulary (`tokenizer.json`, or `vocab.json` with `merges.txt`, or a GGUF's
 //! copy). A prompt becomes start + its first `context − 2` tokens + end, padded with the end token
@@ -8,13 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use tokenizers::models::bpe::BPE;
-use tokenizers::normalizers::{Lowercase, Replace, Sequence as Normalizers, NFC};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizers;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
-
+use super::bpe::Bpe;
+use super::clip_text::{byte_level, normalize, split_specials, words, Piece};
 use crate::error::{Error, Result};
 use crate::weights::MetaValue;
 
@@ -28,8 +23,6 @@ pub const MAX_PROMPT_BYTES: usize = 1 << 16;
 pub const START: &str = "<|startoftext|>";
 /// CLIP's end (and padding) token.
 pub const END: &str = "<|endoftext|>";
-/// CLIP's word pattern (transformers' CLIPTokenizer).
-const WORDS: &str = r"<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+";
 
 /// GGUF metadata keys of a stored vocabulary.
 const META_TOKENS: &str = "edgerun.tokenizer.tokens";
@@ -177,22 +170,12 @@ fn split_merge(s: &str) -> Option<(String, String)> {
 }
 
 /// CLIP's tokenizer for prompts of `context` tokens.
+#[derive(Debug, Clone)]
 pub struct ClipTokenizer {
-    inner: Tokenizer,
+    bpe: Bpe,
     start: u32,
     end: u32,
     context: usize,
-}
-
-impl std::fmt::Debug for ClipTokenizer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClipTokenizer").field("context", &self.context).finish_non_exhaustive()
-    }
-}
-
-/// A tokenizers error as an edgerun one.
-fn tok_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Input(format!("{what}: {e}"))
 }
 
 impl ClipTokenizer {
@@ -206,21 +189,32 @@ impl ClipTokenizer {
         if context < 2 {
             return Err(Error::Config(format!("a text context of {context} holds no prompt")));
         }
-        let map: tokenizers::models::bpe::Vocab = vocab.tokens.iter().cloned().collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(map, vocab.merges.clone())
-            .end_of_word_suffix("</w>".into())
-            .unk_token(END.into())
-            .fuse_unk(false)
-            .build()
-            .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
-        let mut inner = Tokenizer::new(bpe);
-        let normalizers = Normalizers::new(vec![NFC.into(), Replace::new(tokenizers::normalizers::replace::ReplacePattern::Regex(r"\s+".into()), " ").map_err(|e| tok_err("tokenizer", e))?.into(), Lowercase.into()]);
-        inner.with_normalizer(Some(normalizers)).map_err(|e| tok_err("tokenizer", e))?;
-        let split = Split::new(SplitPattern::Regex(WORDS.into()), SplitDelimiterBehavior::Removed, true).map_err(|e| tok_err("tokenizer", e))?;
-        inner.with_pre_tokenizer(Some(PreTokenizers::new(vec![split.into(), ByteLevel::new(false, true, true).into()])));
-        inner.add_special_tokens([AddedToken::from(START, true), AddedToken::from(END, true)]).map_err(|e| tok_err("tokenizer", e))?;
-        Ok(ClipTokenizer { inner, start, end, context })
+        let bpe = Bpe::new(&vocab.tokens, &vocab.merges, "</w>", end).map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
+        Ok(ClipTokenizer { bpe, start, end, context })
+    }
+
+    /// The ids of one prompt's tokens, without start and end, at most `limit` of them.
+    fn body(&self, prompt: &str, limit: usize) -> Vec<u32> {
+        let mut ids = Vec::new();
+        for piece in split_specials(prompt, &[START, END]) {
+            if ids.len() >= limit {
+                break;
+            }
+            match piece {
+                Piece::Special(0) => ids.push(self.start),
+                Piece::Special(_) => ids.push(self.end),
+                Piece::Text(text) => {
+                    for word in words(&normalize(text)) {
+                        if ids.len() >= limit {
+                            break;
+                        }
+                        self.bpe.encode_word(&byte_level(word), &mut ids);
+                    }
+                }
+            }
+        }
+        ids.truncate(limit);
+        ids
     }
 
     /// The ids `[P·context]` and mask `[P·context]` (1 = token) of `prompts`, row-major.
@@ -232,9 +226,8 @@ impl ClipTokenizer {
             if p.len() > MAX_PROMPT_BYTES {
                 return Err(Error::Input(format!("prompt {i} is {} bytes long; at most {MAX_PROMPT_BYTES} are read", p.len())));
             }
-            let enc = self.inner.encode(p, false).map_err(|e| tok_err(&format!("prompt {i}"), e))?;
-            let body = &enc.get_ids()[..enc.get_ids().len().min(self.context - 2)];
-            let row: Vec<u32> = std::iter::once(self.start).chain(body.iter().copied()).chain(std::iter::once(self.end)).collect();
+            let body = self.body(p, self.context - 2);
+            let row: Vec<u32> = std::iter::once(self.start).chain(body).chain(std::iter::once(self.end)).collect();
             mask.extend(std::iter::repeat_n(1f32, row.len()).chain(std::iter::repeat_n(0f32, self.context - row.len())));
             let n = row.len();
             ids.extend(row);
