@@ -40,6 +40,11 @@ pub trait Model: Send + Sync {
     fn input_names(&self) -> Vec<&'static str>;
     /// Runs the forward pass on already-preprocessed tensors.
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors>;
+    /// The forward pass handing its outputs to `sink`: by default all at the end; a model whose
+    /// outputs are large per item (SAM 3's masks per prompt) writes each block as it is made.
+    fn forward_into(&self, inputs: &NamedTensors, sink: &mut dyn crate::tensor_io::OutputSink) -> Result<()> {
+        crate::tensor_io::write_all(sink, &self.forward_named(inputs)?)
+    }
 }
 
 /// The input tensor `name`, or an error naming it.

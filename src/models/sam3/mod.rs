@@ -25,6 +25,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::{Error, Result};
 use crate::profile::Span;
 use crate::models::{required, Model, NamedTensors};
+use crate::tensor_io::{CollectSink, OutputSink};
 use crate::weights::Vb;
 pub use config::Config;
 pub use family::Sam3Family;
@@ -41,8 +42,9 @@ use vit::Vit;
 
 /// The prefix of the detector's tensors in the hub checkpoint (`Sam3VideoModel`).
 const DETECTOR_PREFIX: &str = "detector_model";
-/// The most prompts that go through the DETR encoder and decoder in one batch.
-const PROMPT_BATCH: usize = 8;
+/// The most prompts that go through the DETR encoder in one batch (its transients grow with it:
+/// 4 keeps a Q8_0 pass with stored prompts under 1.2 GiB; 8 saved no measurable time).
+const PROMPT_BATCH: usize = 4;
 
 /// Which reference's grounding path to reproduce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,6 +108,26 @@ pub struct Grounding {
     /// The semantic map logits `[P, 1, ·, ·]`.
     pub semantic_seg: Tensor,
 }
+
+/// The grounding outputs' names, as the references name them.
+const GROUNDING_OUTPUTS: [&str; 5] = ["pred_masks", "pred_boxes", "pred_logits", "presence_logits", "semantic_seg"];
+
+impl Grounding {
+    /// The output called `name` (one of [`GROUNDING_OUTPUTS`]).
+    fn output(&self, name: &str) -> Result<&Tensor> {
+        Ok(match name {
+            "pred_masks" => &self.pred_masks,
+            "pred_boxes" => &self.pred_boxes,
+            "pred_logits" => &self.pred_logits,
+            "presence_logits" => &self.presence_logits,
+            "semantic_seg" => &self.semantic_seg,
+            _ => return Err(Error::Input(format!("no grounding output `{name}`"))),
+        })
+    }
+}
+
+/// Where grounding hands one prompt's output: `(name, prompt index, [1, …])`.
+type Emit<'a> = dyn FnMut(&str, usize, &Tensor) -> Result<()> + 'a;
 
 /// SAM 3 for grounding text prompts in images.
 pub struct Sam3 {
@@ -289,17 +311,25 @@ impl Sam3 {
             presence_logits: Tensor::zeros((p, 1), dtype, dev)?,
             semantic_seg: Tensor::zeros((p, 1, mh, mw), dtype, dev)?,
         };
-        let mut start = 0;
-        while start < p {
-            let len = PROMPT_BATCH.min(p - start);
-            self.ground_batch(image, &prompts.narrow(start, len)?, &out, start)?;
-            start += len;
-        }
+        self.ground_each(image, prompts, &mut |name, row, t| Ok(out.output(name)?.slice_set(&t.contiguous()?, 0, row)?))?;
         Ok(out)
     }
 
-    /// Grounds a batch of prompts, writing their outputs into `out` from row `at` on.
-    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures, out: &Grounding, at: usize) -> Result<()> {
+    /// Grounds `prompts` in one image, handing each prompt's outputs to `emit(name, prompt, [1, …])`
+    /// as they are made (names as [`Grounding`]'s fields).
+    fn ground_each(&self, image: &ImageFeatures, prompts: &PromptFeatures, emit: &mut Emit) -> Result<()> {
+        let p = prompts.len();
+        let mut start = 0;
+        while start < p {
+            let len = PROMPT_BATCH.min(p - start);
+            self.ground_batch(image, &prompts.narrow(start, len)?, start, emit)?;
+            start += len;
+        }
+        Ok(())
+    }
+
+    /// Grounds a batch of prompts, handing their outputs to `emit` as prompts `at..`.
+    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures, at: usize, emit: &mut Emit) -> Result<()> {
         let dtype = self.pos.dtype();
         let p = prompts.len();
         let d = self.config.width();
@@ -327,13 +357,13 @@ impl Sam3 {
             let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
             drop(span);
             let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
-            out.pred_logits.slice_set(&logits.contiguous()?, 0, at + i)?;
-            out.pred_boxes.slice_set(&cxcywh_to_xyxy(&decoded.boxes)?.contiguous()?, 0, at + i)?;
-            out.presence_logits.slice_set(&decoded.presence.contiguous()?, 0, at + i)?;
+            emit("pred_logits", at + i, &logits)?;
+            emit("pred_boxes", at + i, &cxcywh_to_xyxy(&decoded.boxes)?)?;
+            emit("presence_logits", at + i, &decoded.presence)?;
             let _span = Span::new("sam3.mask_decoder");
             let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], &prompt, &bias)?;
-            out.pred_masks.slice_set(&m.instances, 0, at + i)?;
-            out.semantic_seg.slice_set(&m.semantic, 0, at + i)?;
+            emit("pred_masks", at + i, &m.instances)?;
+            emit("semantic_seg", at + i, &m.semantic)?;
         }
         Ok(())
     }
@@ -353,14 +383,6 @@ pub(crate) fn detector_root(vb: &Vb) -> Vb {
     } else {
         vb.clone()
     }
-}
-
-/// The one tensor of `parts`, else their concatenation along the first dimension.
-fn one_or_cat(mut parts: Vec<Tensor>) -> Result<Tensor> {
-    if parts.len() == 1 {
-        return parts.pop().ok_or_else(|| Error::Input("nothing to concatenate".into()));
-    }
-    Ok(Tensor::cat(&parts, 0)?)
 }
 
 /// Token ids given as floats (as the fixtures store them): whole, non-negative, below 2³².
@@ -385,40 +407,68 @@ impl Model for Sam3 {
     /// with every prompt, outputs image-major (`[B·P, …]`), plus the FPN levels, the ×1 level's
     /// positions and the prompts' text features.
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors> {
+        let mut sink = CollectSink::on(self.pos.device());
+        self.forward_into(inputs, &mut sink)?;
+        sink.into_tensors()
+    }
+
+    /// [`Model::forward_named`]'s outputs, each prompt's written as soon as it is made: a pass holds
+    /// one prompt's masks, not all of them.
+    fn forward_into(&self, inputs: &NamedTensors, sink: &mut dyn OutputSink) -> Result<()> {
         let pixel_values = required(inputs, "pixel_values")?;
-        let prompts = match inputs.get("input_ids") {
+        let prompts = self.prompts_of(inputs)?;
+        let (images, p) = (pixel_values.dim(0)?, prompts.len());
+        for b in 0..images {
+            let image = self.image_features(&pixel_values.narrow(0, b, 1)?)?;
+            if b == 0 {
+                sink.declare(&self.output_specs(images, &image, &prompts)?)?;
+            }
+            for (i, l) in image.levels.iter().enumerate() {
+                sink.write(&format!("fpn_{i}"), b, l)?;
+            }
+            self.ground_each(&image, &prompts, &mut |name, row, t| sink.write(name, b * p + row, t))?;
+        }
+        sink.write(&format!("fpn_pos_{}", LEVELS - 1), 0, &self.position_map()?)?;
+        sink.write("text_features", 0, &prompts.features)
+    }
+}
+
+impl Sam3 {
+    /// The prompts of a forward pass: `input_ids` (and `attention_mask`) when given, else every stored prompt.
+    fn prompts_of(&self, inputs: &NamedTensors) -> Result<PromptFeatures> {
+        match inputs.get("input_ids") {
             Some(ids) => {
                 let ids = ids_from(ids, "input_ids")?;
                 let mask = match inputs.get("attention_mask") {
                     Some(m) => m.clone(),
                     None => Tensor::ones(ids.dims(), DType::F32, ids.device())?,
                 };
-                self.prompt_features_from_ids(&ids, &mask)?
+                self.prompt_features_from_ids(&ids, &mask)
             }
-            None if !self.stored_prompts().is_empty() => self.prompt_features(self.stored_prompts())?,
-            None => return Err(Error::Input("missing input `input_ids` (this file stores no prompts)".into())),
-        };
-        let mut out = NamedTensors::new();
-        let mut per: Vec<Grounding> = Vec::new();
-        let mut levels: Vec<Vec<Tensor>> = vec![Vec::new(); LEVELS];
-        for b in 0..pixel_values.dim(0)? {
-            let image = self.image_features(&pixel_values.narrow(0, b, 1)?)?;
-            per.push(self.ground(&image, &prompts)?);
-            for (i, l) in image.levels.into_iter().enumerate() {
-                levels[i].push(l);
-            }
+            None if !self.stored_prompts().is_empty() => self.prompt_features(self.stored_prompts()),
+            None => Err(Error::Input("missing input `input_ids` (this file stores no prompts)".into())),
         }
-        let cat = |f: fn(&Grounding) -> &Tensor| -> Result<Tensor> { one_or_cat(per.iter().map(f).cloned().collect()) };
-        out.insert("pred_masks".into(), cat(|g| &g.pred_masks)?);
-        out.insert("pred_boxes".into(), cat(|g| &g.pred_boxes)?);
-        out.insert("pred_logits".into(), cat(|g| &g.pred_logits)?);
-        out.insert("presence_logits".into(), cat(|g| &g.presence_logits)?);
-        out.insert("semantic_seg".into(), cat(|g| &g.semantic_seg)?);
-        for (i, l) in levels.iter().enumerate() {
-            out.insert(format!("fpn_{i}"), one_or_cat(l.clone())?);
+    }
+
+    /// Every output's (name, dtype, shape) for `images` images like `image` and `prompts`.
+    fn output_specs(&self, images: usize, image: &ImageFeatures, prompts: &PromptFeatures) -> Result<Vec<(String, DType, Vec<usize>)>> {
+        let dtype = self.pos.dtype();
+        let rows = images * prompts.len();
+        let q = self.config.detr_decoder_config.num_queries;
+        let (_, _, mh, mw) = image.levels[0].dims4()?;
+        let mut specs: Vec<(String, DType, Vec<usize>)> = GROUNDING_OUTPUTS
+            .iter()
+            .zip([vec![rows, q, mh, mw], vec![rows, q, 4], vec![rows, q], vec![rows, 1], vec![rows, 1, mh, mw]])
+            .map(|(n, shape)| (n.to_string(), dtype, shape))
+            .collect();
+        for (i, l) in image.levels.iter().enumerate() {
+            let mut shape = l.dims().to_vec();
+            shape[0] = images;
+            specs.push((format!("fpn_{i}"), l.dtype(), shape));
         }
-        out.insert(format!("fpn_pos_{}", LEVELS - 1), self.position_map()?);
-        out.insert("text_features".into(), prompts.features);
-        Ok(out)
+        let g = self.vit.grid();
+        specs.push((format!("fpn_pos_{}", LEVELS - 1), dtype, vec![1, self.config.width(), g, g]));
+        specs.push(("text_features".into(), prompts.features.dtype(), prompts.features.dims().to_vec()));
+        Ok(specs)
     }
 }
