@@ -20,10 +20,18 @@ def clip_tokenizer(workdir):
     `tokenizer.json` beside the model so that edgerun tokenizes the same prompts."""
     import importlib.util
     import os
+    import sys
 
-    spec = importlib.util.spec_from_file_location("clip_fixture", os.path.join(os.path.dirname(__file__), "..", "fixtures", "clip_tokenizer.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    # The fixture script imports tools/fixtures/common.py as `common`, which tools/bench/common.py shadows.
+    bench_common = sys.modules.pop("common", None)
+    try:
+        spec = importlib.util.spec_from_file_location("clip_fixture", os.path.join(os.path.dirname(__file__), "..", "fixtures", "clip_tokenizer.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.modules.pop("common", None)
+        if bench_common is not None:
+            sys.modules["common"] = bench_common
     tok = mod.tokenizer(*mod.full_bpe())
     tok.backend_tokenizer.save(os.path.join(workdir, "tokenizer.json"))
     return tok
