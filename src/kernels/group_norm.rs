@@ -10,7 +10,7 @@ use super::cpu_slice::with_contiguous;
 /// multiple of `groups`; mean and biased variance per (batch, group) as `nn.GroupNorm` takes them.
 pub(crate) fn group_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, groups: usize, eps: f64, relu: bool) -> candle_core::Result<Tensor> {
     let dims = x.dims();
-    if dims.len() < 2 || groups == 0 || dims[1] % groups != 0 || weight.dims() != [dims[1]] || bias.dims() != [dims[1]] {
+    if dims.len() < 2 || groups == 0 || !dims[1].is_multiple_of(groups) || weight.dims() != [dims[1]] || bias.dims() != [dims[1]] {
         candle_core::bail!("group norm: input {dims:?} with {groups} groups and weight {:?}, bias {:?}", weight.dims(), bias.dims());
     }
     let one_pass = [x, weight, bias].iter().all(|t| t.dtype() == DType::F32 && t.device().is_cpu() && !t.track_op()) && x.elem_count() > 0;
