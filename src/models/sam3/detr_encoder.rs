@@ -12,13 +12,32 @@ use crate::nn::grad::layer_norm as norm;
 use crate::nn::layers::layer_norm;
 use crate::weights::Vb;
 
-struct Layer {
-    norm1: LayerNorm,
-    self_attn: Attention,
-    norm2: LayerNorm,
-    cross_attn: Attention,
-    norm3: LayerNorm,
-    mlp: Mlp,
+/// A pre-norm layer of self-attention, cross-attention and MLP (the DETR and geometry encoders').
+pub(super) struct Layer {
+    pub(super) norm1: LayerNorm,
+    pub(super) self_attn: Attention,
+    pub(super) norm2: LayerNorm,
+    pub(super) cross_attn: Attention,
+    pub(super) norm3: LayerNorm,
+    pub(super) mlp: Mlp,
+}
+
+/// Loads the `layers.*` under `vb` of a stack configured by `c`.
+pub(super) fn load_layers(vb: &Vb, c: &StackConfig) -> Result<Vec<Layer>> {
+    let d = c.hidden_size;
+    (0..c.num_layers)
+        .map(|i| {
+            let l = vb.pp("layers").pp(i);
+            Ok(Layer {
+                norm1: layer_norm(&l.pp("layer_norm1"), d, EPS)?,
+                self_attn: Attention::load(&l.pp("self_attn"), d, c.num_attention_heads)?,
+                norm2: layer_norm(&l.pp("layer_norm2"), d, EPS)?,
+                cross_attn: Attention::load(&l.pp("cross_attn"), d, c.num_attention_heads)?,
+                norm3: layer_norm(&l.pp("layer_norm3"), d, EPS)?,
+                mlp: Mlp::load(&l.pp("mlp"), d, c.intermediate_size, &c.hidden_act)?,
+            })
+        })
+        .collect()
 }
 
 /// The encoder (`detr_encoder`).
@@ -29,20 +48,7 @@ pub(crate) struct DetrEncoder {
 impl DetrEncoder {
     /// Loads `layers.*` under `vb`.
     pub(crate) fn load(vb: &Vb, c: &StackConfig) -> Result<Self> {
-        let d = c.hidden_size;
-        let layers = (0..c.num_layers)
-            .map(|i| {
-                let l = vb.pp("layers").pp(i);
-                Ok(Layer {
-                    norm1: layer_norm(&l.pp("layer_norm1"), d, EPS)?,
-                    self_attn: Attention::load(&l.pp("self_attn"), d, c.num_attention_heads)?,
-                    norm2: layer_norm(&l.pp("layer_norm2"), d, EPS)?,
-                    cross_attn: Attention::load(&l.pp("cross_attn"), d, c.num_attention_heads)?,
-                    norm3: layer_norm(&l.pp("layer_norm3"), d, EPS)?,
-                    mlp: Mlp::load(&l.pp("mlp"), d, c.intermediate_size, &c.hidden_act)?,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let layers = load_layers(vb, c)?;
         Ok(DetrEncoder { layers })
     }
 

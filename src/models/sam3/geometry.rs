@@ -7,8 +7,8 @@
 use candle_core::{Module, Tensor};
 use candle_nn::LayerNorm;
 
-use super::attention::{Attention, Mlp};
 use super::config::StackConfig;
+use super::detr_encoder::{load_layers, Layer};
 use crate::error::Result;
 use crate::nn::grad::layer_norm as norm;
 use crate::nn::layers::layer_norm;
@@ -17,15 +17,6 @@ use crate::weights::Vb;
 
 /// `nn.LayerNorm`'s default epsilon, which every prompt-side LayerNorm of SAM 3 keeps.
 pub(crate) const EPS: f64 = 1e-5;
-
-struct Layer {
-    norm1: LayerNorm,
-    self_attn: Attention,
-    norm2: LayerNorm,
-    cross_attn: Attention,
-    norm3: LayerNorm,
-    mlp: Mlp,
-}
 
 /// The geometry encoder as far as an empty prompt uses it.
 pub(crate) struct EmptyGeometry {
@@ -40,19 +31,7 @@ impl EmptyGeometry {
     /// Loads `geometry_encoder.*` (what an empty prompt reads) under `vb`.
     pub(crate) fn load(vb: &Vb, c: &StackConfig) -> Result<Self> {
         let d = c.hidden_size;
-        let layers = (0..c.num_layers)
-            .map(|i| {
-                let l = vb.pp("layers").pp(i);
-                Ok(Layer {
-                    norm1: layer_norm(&l.pp("layer_norm1"), d, EPS)?,
-                    self_attn: Attention::load(&l.pp("self_attn"), d, c.num_attention_heads)?,
-                    norm2: layer_norm(&l.pp("layer_norm2"), d, EPS)?,
-                    cross_attn: Attention::load(&l.pp("cross_attn"), d, c.num_attention_heads)?,
-                    norm3: layer_norm(&l.pp("layer_norm3"), d, EPS)?,
-                    mlp: Mlp::load(&l.pp("mlp"), d, c.intermediate_size, &c.hidden_act)?,
-                })
-            })
-            .collect::<Result<_>>()?;
+        let layers = load_layers(vb, c)?;
         Ok(EmptyGeometry {
             cls: vb.get((1, d), "cls_embed.weight")?,
             final_proj: Linear::load(&vb.pp("final_proj"), d, d, true)?,
