@@ -220,7 +220,12 @@ impl PackedQ8 {
         if rest.iter().any(|p| p.k != first.k) || parts[..parts.len() - 1].iter().any(|p| p.n % PANEL != 0) {
             return None;
         }
-        let blocks = parts.iter().flat_map(|p| p.blocks.iter().cloned()).collect();
+        // Sized once: collected from the chain, the vector grew by doubling (ViT-H's joined q/k/v took
+        // 160 MiB of capacity for 113 MiB of blocks).
+        let mut blocks = Vec::with_capacity(parts.iter().map(|p| p.blocks.len()).sum());
+        for p in parts {
+            blocks.extend(p.blocks.iter().cloned());
+        }
         Some(PackedQ8 { n: parts.iter().map(|p| p.n).sum(), k: first.k, blocks })
     }
 
