@@ -313,3 +313,26 @@ fn a_sixteen_bit_png_read_by_rows_equals_its_whole_decode_and_an_interlaced_one_
     let e = open_raster(&inter, &tiny_limits(), None).err().unwrap().to_string();
     assert!(e.contains("an interlaced PNG cannot be read by rows") && e.contains("64 px per side"), "{e}");
 }
+
+#[test]
+fn geotiffs_written_by_gdal_equal_gdals_own_decode_pixels_and_masks() {
+    let src = GeoReference::read(&corpus("source.tif")).unwrap().unwrap();
+    for name in ["jpeg_ycbcr", "jpeg_ycbcr_strips", "jpeg_rgb", "zstd", "webp", "cog_jpeg_mask", "cog_webp_alpha"] {
+        let file = corpus(&format!("gdal/{name}.tif"));
+        let mut a = TiffRaster::open(&file, None).unwrap();
+        let mut b = TiffRaster::open(&corpus(&format!("gdal/{name}.decoded.tif")), None).unwrap();
+        assert_eq!(a.dimensions(), (80, 72), "{name}");
+        assert_eq!(a.has_mask(), name.starts_with("cog"), "{name}");
+        for r in WINDOWS {
+            let (wa, wb) = (a.read_window(r).unwrap(), b.read_window(r).unwrap());
+            assert_eq!(diff(&wa.rgb, &wb.rgb), (0, 0), "{name} {r:?}");
+            assert_eq!(wa.nodata, wb.nodata, "{name} {r:?}: the mask or alpha as GDAL reads it");
+        }
+        let g = GeoReference::read(&file).unwrap().unwrap();
+        assert_eq!((g.pixel_scale(), g.tiepoints()), (src.pixel_scale(), src.tiepoints()), "{name}");
+        assert_eq!(load_rgb(&file, &ImageLimits::default()).unwrap(), read_all(&format!("gdal/{name}.tif")), "{name} untiled");
+    }
+    // The masked corner is exactly the 30×20 px GDAL was told to hide.
+    let w = TiffRaster::open(&corpus("gdal/cog_jpeg_mask.tif"), None).unwrap().read_window(WINDOWS[0]).unwrap();
+    assert_eq!(w.nodata.unwrap().iter().filter(|&&m| m).count(), 30 * 20);
+}
