@@ -24,12 +24,16 @@ use crate::imageio::ImageLimits;
 use crate::tiling::RasterSource;
 pub use raster::TiffRaster;
 
-/// Decodes a whole TIFF held in memory as 8-bit RGB (the untiled path), its declared size checked
-/// against `limits` before any pixel is decoded.
+/// Decodes a whole TIFF held in memory as 8-bit RGB (the untiled path), its declared size and the
+/// bytes of its pixels checked against `limits` before any pixel is decoded.
 pub(crate) fn decode_whole(bytes: &[u8], limits: &ImageLimits) -> Result<RgbImage, String> {
     let mut raster = TiffRaster::from_reader(Path::new(""), Cursor::new(bytes), bytes.len() as u64, None).map_err(|e| message(&e))?;
     let (w, h) = raster.dimensions();
     check_size(w as u32, h as u32, limits)?;
+    let need = (w as u64) * (h as u64) * 3;
+    if need > limits.max_alloc {
+        return Err(format!("cannot decode image: {need} bytes of pixels exceed the allocation limit {}", limits.max_alloc));
+    }
     raster.read_all().map_err(|e| message(&e))
 }
 
