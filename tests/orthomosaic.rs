@@ -1,7 +1,7 @@
 //! Orthomosaics as people export them (issue #47), on the corpus `tools/fixtures/orthomosaic.py`
-//! writes: JPEG-in-TIFF (YCbCr 2×2 with JPEGTables, RGB strips), ZSTD with the horizontal predictor
+//! writes: JPEG-in-TIFF (YCbCr 2×2 with JPEGTables, RGB strips, progressive tiles), ZSTD with the horizontal predictor
 //! (8 and 16 bits), WebP, a COG-like file (overview, internal mask, tiles in reverse order), PNG and
-//! JPEG beyond the image limits, what stays unsupported and hostile files.
+//! JPEG (with and without restart markers) beyond the image limits, what stays unsupported and hostile files.
 mod common;
 
 use std::path::PathBuf;
@@ -66,8 +66,15 @@ fn jpeg_and_webp_equal_the_reference_decoders_pixels_within_their_rounding() {
 }
 
 #[test]
+fn progressive_jpeg_tiles_are_decoded_by_zune_jpeg_within_its_rounding() {
+    // zune-jpeg's upsampling and IDCT round differently from libjpeg's: a few levels apart.
+    let (m, n) = windows_match("jpeg_progressive.tif", "jpeg_progressive.decoded.tif", 4);
+    eprintln!("jpeg_progressive.tif: max difference {m}, {n} samples differ");
+}
+
+#[test]
 fn untiled_decode_reads_tiffs_as_the_tiled_path_does() {
-    for name in ["jpeg_ycbcr.tif", "jpeg_rgb.tif", "zstd.tif", "zstd16.tif", "webp.tif", "cog_mask.tif", "lzw.tif", "packbits16_be.tif"] {
+    for name in ["jpeg_ycbcr.tif", "jpeg_rgb.tif", "jpeg_progressive.tif", "zstd.tif", "zstd16.tif", "webp.tif", "cog_mask.tif", "lzw.tif", "packbits16_be.tif"] {
         let whole = load_rgb(&corpus(name), &ImageLimits::default()).unwrap();
         assert_eq!(whole, read_all(name), "{name}");
     }
@@ -76,7 +83,7 @@ fn untiled_decode_reads_tiffs_as_the_tiled_path_does() {
 #[test]
 fn georeferencing_and_nodata_are_read_from_every_kind() {
     let src = GeoReference::read(&corpus("source.tif")).unwrap().unwrap();
-    for name in ["jpeg_ycbcr.tif", "jpeg_rgb.tif", "zstd.tif", "zstd16.tif", "webp.tif", "cog_mask.tif"] {
+    for name in ["jpeg_ycbcr.tif", "jpeg_rgb.tif", "jpeg_progressive.tif", "zstd.tif", "zstd16.tif", "webp.tif", "cog_mask.tif"] {
         let g = GeoReference::read(&corpus(name)).unwrap().unwrap();
         assert_eq!((g.width, g.height), (80, 72), "{name}");
         assert_eq!((g.pixel_scale(), g.tiepoints(), g.geo_keys()), (src.pixel_scale(), src.tiepoints(), src.geo_keys()), "{name}");
@@ -164,13 +171,26 @@ fn a_png_beyond_the_limits_is_read_by_rows_with_the_pixels_of_the_whole_decode()
 
 #[test]
 fn a_baseline_jpeg_beyond_the_limits_is_read_by_rows_with_libjpegs_pixels() {
-    for name in ["baseline.jpg", "baseline422.jpg", "gray.jpg"] {
+    for name in ["baseline.jpg", "baseline422.jpg", "gray.jpg", "restart_rows.jpg", "restart_blocks.jpg"] {
         let mut rows = open_raster(&corpus(name), &tiny_limits(), None).unwrap();
         let reference = image::open(corpus(&name.replace(".jpg", ".decoded.png"))).unwrap().into_rgb8();
         for r in [Rect { x: 0, y: 0, w: 40, h: 30 }, Rect { x: 0, y: 25, w: 40, h: 47 }, Rect { x: 40, y: 0, w: 40, h: 72 }, Rect { x: 0, y: 0, w: 80, h: 72 }] {
             let want = image::imageops::crop_imm(&reference, r.x as u32, r.y as u32, r.w as u32, r.h as u32).to_image();
             assert_eq!(diff(&rows.read_window(r).unwrap().rgb, &want), (0, 0), "{name} {r:?}");
         }
+    }
+}
+
+#[test]
+fn a_file_read_by_rows_is_taken_for_what_its_bytes_are_not_its_name() {
+    // A PNG named `.jpg` (and a JPEG named `.png`) beyond the limits: read by rows as what they are.
+    let dir = tempfile::tempdir().unwrap();
+    let whole = Rect { x: 0, y: 0, w: 80, h: 72 };
+    for (src, misnamed) in [("rows.png", "rows.jpg"), ("baseline.jpg", "baseline.png")] {
+        let p = dir.path().join(misnamed);
+        std::fs::copy(corpus(src), &p).unwrap();
+        let rows = open_raster(&p, &tiny_limits(), None).unwrap().read_window(whole).unwrap().rgb;
+        assert_eq!(rows, open_raster(&corpus(src), &tiny_limits(), None).unwrap().read_window(whole).unwrap().rgb, "{misnamed}");
     }
 }
 

@@ -49,7 +49,7 @@ pub(crate) fn open(path: &Path, limits: &ImageLimits) -> Result<Box<dyn RasterSo
         limits.max_side, limits.max_pixels
     );
     let convert = "convert it to a tiled GeoTIFF (`gdal_translate -co TILED=YES -co COMPRESS=DEFLATE in out.tif`)";
-    let opener: Opener = match image::ImageFormat::from_path(path).ok().or_else(|| sniff(path)) {
+    let opener: Opener = match sniff(path).or_else(|| image::ImageFormat::from_path(path).ok()) {
         Some(image::ImageFormat::Png) => {
             if png_interlaced(path)? {
                 return Err(Error::bad_file(path, format!("{beyond}, and an interlaced PNG cannot be read by rows; {convert}")));
@@ -65,7 +65,7 @@ pub(crate) fn open(path: &Path, limits: &ImageLimits) -> Result<Box<dyn RasterSo
     Ok(Box::new(RowRaster { path: path.to_path_buf(), beyond, width, height, opener, dec: None, next: 0, band: Vec::new(), band_y: 0, band_x: (0, 0) }))
 }
 
-/// The format by the file's first bytes.
+/// The format by the file's first bytes (the name's extension only where they say nothing).
 fn sniff(path: &Path) -> Option<image::ImageFormat> {
     image::ImageReader::open(path).ok()?.with_guessed_format().ok()?.format()
 }
