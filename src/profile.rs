@@ -23,7 +23,18 @@ impl Span {
 impl Drop for Span {
     fn drop(&mut self) {
         if let Some(t) = self.start {
-            eprintln!("[profile] {:<24} {:8.1} ms", self.name, t.elapsed().as_secs_f64() * 1e3);
+            eprintln!("[profile] {:<24} {:8.1} ms{}", self.name, t.elapsed().as_secs_f64() * 1e3, peak_rss());
         }
+    }
+}
+
+/// `  RSS N MiB (peak M MiB)`: the process's resident memory now and its high-water mark so far,
+/// where the system tells them.
+fn peak_rss() -> String {
+    let Some(status) = crate::memory::procfs::read_small(std::path::Path::new("/proc/self/status")) else { return String::new() };
+    let kib = |key: &str| status.lines().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()));
+    match (kib("VmRSS:"), kib("VmHWM:")) {
+        (Some(now), Some(peak)) => format!("  RSS {} MiB (peak {} MiB)", now / 1024, peak / 1024),
+        _ => String::new(),
     }
 }

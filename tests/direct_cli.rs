@@ -83,7 +83,8 @@ fn assert_goes_on(cmd: &str, model: PathBuf, suffix: &str) {
     assert!(written.iter().all(|f| !f.contains(".tmp-")), "temp file left: {written:?}");
 }
 
-/// Every file under `dir`, relative, sorted.
+/// Every file under `dir`, relative, sorted; not the command's state file of its passes
+/// (`OUT/.edgerun-<command>.passes.jsonl`, tests/memory_limit.rs).
 fn walk(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -92,7 +93,7 @@ fn walk(dir: &Path) -> Vec<String> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 stack.push(p);
-            } else {
+            } else if !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".edgerun-")) {
                 out.push(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
             }
         }

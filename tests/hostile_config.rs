@@ -90,6 +90,19 @@ fn model_config_numbers_are_bounded() {
         ("da3_mono", "/net/num_heads", json!(HUGE), &["net.num_heads", "1024"]),
         ("da3_mono", "/head/down_ratio", json!(1000), &["head.down_ratio", "1000"]),
         ("da3_mono", "/head/features", json!(HUGE), &["head.features", "16384"]),
+        ("sam3_tiny", "/vision_config/backbone_config/patch_size", json!(0), &["vision_config.backbone_config.patch_size", "= 0"]),
+        ("sam3_tiny", "/vision_config/backbone_config/hidden_size", json!(HUGE), &["vision_config.backbone_config.hidden_size", "16384"]),
+        ("sam3_tiny", "/vision_config/backbone_config/window_size", json!(0), &["vision_config.backbone_config.window_size", "= 0"]),
+        ("sam3_tiny", "/vision_config/backbone_config/global_attn_indexes", json!([1, 99]), &["global_attn_indexes[1]", "99"]),
+        ("sam3_tiny", "/vision_config/backbone_config/image_size", json!(HUGE), &["vision_config.backbone_config.image_size", "8192"]),
+        ("sam3_tiny", "/vision_config/scale_factors", json!([2.0, 1.0]), &["vision_config.scale_factors", "[2.0, 1.0]"]),
+        ("sam3_tiny", "/text_config/max_position_embeddings", json!(HUGE), &["text_config.max_position_embeddings", "1024"]),
+        ("sam3_tiny", "/text_config/vocab_size", json!(0), &["text_config.vocab_size", "= 0"]),
+        ("sam3_tiny", "/detr_decoder_config/num_queries", json!(HUGE), &["detr_decoder_config.num_queries", "4096"]),
+        ("sam3_tiny", "/detr_encoder_config/num_layers", json!(100_000), &["detr_encoder_config.num_layers", "256"]),
+        ("sam3_tiny", "/detr_decoder_config/hidden_size", json!(24), &["detr_decoder_config.hidden_size", "= 24", "share one width"]),
+        ("sam3_tiny", "/mask_decoder_config/num_attention_heads", json!(5), &["mask_decoder_config.num_attention_heads", "= 5"]),
+        ("sam3_tiny", "/geometry_encoder_config/hidden_act", json!("swoosh"), &["geometry_encoder_config.hidden_act", "swoosh"]),
     ];
     for (name, ptr, v, parts) in cases {
         let dir = patched_model(name, ptr, v.clone());

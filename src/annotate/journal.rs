@@ -80,6 +80,12 @@ pub fn journal_path(output: &Path, stage: StageKind, tag: &str) -> PathBuf {
     manifest_dir(output).join(format!("{}{tag}.jsonl", stage.name()))
 }
 
+/// The pass log of `stage` for the shard tag (`<stage>.passes<tag>.jsonl`, [`crate::runner::PassLog`]):
+/// the passes begun and ended, so that a run after a kill for memory takes less per pass.
+pub fn passes_path(output: &Path, stage: StageKind, tag: &str) -> PathBuf {
+    manifest_dir(output).join(format!("{}.passes{tag}.jsonl", stage.name()))
+}
+
 /// All journals of `stage` in `output`: `(path, is_shard_journal)`, sorted.
 pub(crate) fn stage_journals(output: &Path, stage: StageKind) -> Result<Vec<(PathBuf, bool)>> {
     let dir = manifest_dir(output);

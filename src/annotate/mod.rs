@@ -37,7 +37,8 @@ pub fn log(msg: &str) {
 pub use shard::Shard;
 
 use crate::error::{Error, Result};
-use journal::{journal_path, manifest_dir, read_records, stage_journals, Index, Journal};
+use crate::runner::{PassLog, KILLED_FOR_MEMORY};
+use journal::{journal_path, manifest_dir, passes_path, read_records, stage_journals, Index, Journal};
 use layout::{collisions, create_dirs, expected_outputs, output_rel, possible_outputs, remove_stale_temps, stem_rel, OutputKind};
 use listing::{list_inputs, InputFile};
 use crate::progress::{Mode, Progress};
@@ -89,6 +90,12 @@ fn state(idx: &Index, f: &InputFile, expected: &[String], tiled: &str, fp: Finge
         return State::SkipFailed;
     }
     State::Pending
+}
+
+/// Whether the input's latest failed record says it was killed for memory (twice alone in a pass):
+/// the stage's passes leave it out, so that it cannot kill the run again.
+fn killed_for_memory(idx: &Index, f: &InputFile, fp: Fingerprint) -> bool {
+    idx.by_input.get(&f.rel).and_then(|(_, failed)| failed.as_ref()).is_some_and(|r| same_input(r, f, fp) && r.reason.as_deref() == Some(KILLED_FOR_MEMORY))
 }
 
 fn summary_path(output: &Path, tag: &str) -> PathBuf {
@@ -172,6 +179,37 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         indexes.insert(k, idx);
     }
 
+    // Pass logs: a pass that a kill for memory ended halves the stage's batch in this run; an input
+    // that was alone in such a pass twice is recorded as failed, so the run goes on.
+    let mut pass_logs = HashMap::new();
+    let mut given_up: Vec<(StageKind, usize)> = Vec::new();
+    for &k in stages.iter().filter(|k| k.has_model()) {
+        let (mut passes, rec) = PassLog::open(&passes_path(output, k, &tag))?;
+        for n in &rec.notes {
+            log(&format!("{}: {n}", k.name()));
+        }
+        if !rec.to_fail.is_empty() {
+            let (Some(j), Some(idx)) = (journals.get_mut(&k), indexes.get_mut(&k)) else { continue };
+            for key in &rec.to_fail {
+                let Some(i) = items.iter().position(|it| it.file.rel == *key) else { continue };
+                let f = &items[i].file;
+                let known = idx.by_input.get(key).is_some_and(|(ok, failed)| {
+                    [ok, failed].into_iter().flatten().any(|r| same_input(r, f, cfg.fingerprint) && (r.status == Status::Ok || r.reason.as_deref() == Some(KILLED_FOR_MEMORY)))
+                });
+                if !known {
+                    let r = scheduler::record(&items, &shard.to_string(), i, Status::Failed, None, vec![], Some(KILLED_FOR_MEMORY.to_string()));
+                    j.append(&r)?;
+                    idx.add([r]);
+                    given_up.push((k, i));
+                }
+                log(&format!("{}: {key}: {KILLED_FOR_MEMORY}", k.name()));
+            }
+            j.sync()?;
+            passes.settle(&rec.to_fail, None)?;
+        }
+        pass_logs.insert(k, (passes, rec.ceiling));
+    }
+
     // Plan: whole batches of the sorted list; this shard's; what each member still needs.
     let mut summary_stages: BTreeMap<StageKind, StageSummary> = stages.iter().map(|k| (*k, StageSummary::default())).collect();
     let n = items.len();
@@ -195,13 +233,21 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             let it = &items[i];
             let mut pending = StageSet::default();
             let mut tiled_here = false;
+            let mut left_out = StageSet::default();
             let pre_failed = coll[i].map(|j| format!("its output names collide with those of {} (same name, other extension)", items[j].file.rel));
             for &k in &stages {
                 let expected = expected_outputs(cfg, k, &it.stem);
                 let tiled_rel = output_rel(k, &it.stem, OutputKind::GeoTiff);
                 match state(&indexes[&k], &it.file, &expected, &tiled_rel, cfg.fingerprint, opts.retry_failed) {
                     State::Done => summary_stages.get_mut(&k).map(|s| s.skipped += 1).unwrap_or(()),
-                    State::SkipFailed => summary_stages.get_mut(&k).map(|s| s.skipped_failed += 1).unwrap_or(()),
+                    State::SkipFailed => {
+                        if killed_for_memory(&indexes[&k], &it.file, cfg.fingerprint) {
+                            left_out.insert(k);
+                        }
+                        if let Some(s) = summary_stages.get_mut(&k) {
+                            s.skipped_failed += 1;
+                        }
+                    }
                     State::Pending if pre_failed.is_none() && tiled::is_tiled(cfg, k, &listing.root.join(&it.file.rel), &limits) => {
                         tiled_work.push(TiledWork { item: i, stage: k });
                         tiled_here = true;
@@ -225,7 +271,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
             if pending.is_empty() && !tiled_here {
                 skipped_items += 1;
             }
-            members.push(Member { item: i, pending, decode: false, read_depth: false, pre_failed });
+            members.push(Member { item: i, pending, decode: false, read_depth: false, pre_failed, left_out });
         }
         let run = members
             .iter()
@@ -254,6 +300,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     }
     for k in &stages {
         owned.insert(journal_path(output, *k, ""));
+        owned.insert(passes_path(output, *k, &tag));
     }
     shard_dirs.insert(output.to_path_buf());
     shard_dirs.insert(mdir.clone());
@@ -278,6 +325,9 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     for &k in stages.iter().filter(|k| k.has_model()) {
         if jobs.iter().any(|j| j.run.has(k)) || tiled_work.iter().any(|w| w.stage == k) {
             let mut chain = ModelChain::new(k, cfg)?;
+            if let Some((passes, ceiling)) = pass_logs.remove(&k) {
+                chain.set_passes(passes, ceiling);
+            }
             chain.load_primary(cfg, &mut devices, &mut |m| log(&m))?;
             chains.push(chain);
             if let Some(s) = summary_stages.get_mut(&k) {
@@ -312,6 +362,11 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
         add_tiled(&mut stats, t, t_tiled.elapsed().as_secs_f64());
     }
     drop(journals);
+    for (k, i) in given_up {
+        stats.failed_items.insert(i);
+        stats.stages.entry(k).or_default().failed += 1;
+        stats.failures.push(summary::Failure { stage: k.name().into(), input: items[i].file.rel.clone(), reason: KILLED_FOR_MEMORY.into() });
+    }
 
     let mut summary = Summary {
         input_dir: opts.input.display().to_string(),

@@ -90,6 +90,8 @@ pub(crate) struct Member {
     pub read_depth: bool,
     /// A reason known before reading (an output-name collision).
     pub pre_failed: Option<String>,
+    /// Stages whose passes leave this member out (it was killed for memory there, twice alone).
+    pub left_out: StageSet,
 }
 
 /// One batch: consecutive items of the sorted list; the model stages it runs.
@@ -556,11 +558,12 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
     let depth_format = x.cfg.float_format(StageKind::Depth);
     // In-memory depth of this pass, per member, for edges.
     let mut fresh_depth: Vec<Option<std::result::Result<DepthData, String>>> = (0..items.len()).map(|_| None).collect();
-    let ok: Vec<usize> = (0..items.len()).filter(|&i| matches!(items[i].image, Some(Ok(_)))).collect();
-    let images: Vec<&RgbImage> = ok.iter().filter_map(|&i| items[i].image.as_ref().and_then(|r| r.as_ref().ok())).collect();
+    let decoded: Vec<usize> = (0..items.len()).filter(|&i| matches!(items[i].image, Some(Ok(_)))).collect();
     let cfg = x.cfg;
     for chain in chains.iter_mut() {
         let kind = chain.kind();
+        let ok: Vec<usize> = decoded.iter().copied().filter(|&i| !items[i].member.left_out.has(kind)).collect();
+        let images: Vec<&RgbImage> = ok.iter().filter_map(|&i| items[i].image.as_ref().and_then(|r| r.as_ref().ok())).collect();
         // The whole batch runs this stage if any member needs it (so results never depend on which
         // members an earlier run finished).
         if images.is_empty() || !items.iter().any(|it| it.member.decode && it.member.pending.has(kind)) {
@@ -568,7 +571,14 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
         }
         let t = Instant::now();
         let mut warn = |m: String| super::log(&m);
-        let results = chain.predict(&images, cfg, devices, &mut warn);
+        let keys: Vec<&str> = ok.iter().map(|&i| x.items[items[i].member.item].file.rel.as_str()).collect();
+        let results = match chain.predict(&images, &keys, cfg, devices, &mut warn) {
+            Ok(r) => r,
+            Err(e) => {
+                ctx.shared.fail(e);
+                return;
+            }
+        };
         *ctx.model_s.entry(kind).or_default() += t.elapsed().as_secs_f64();
         for (&pos, res) in ok.iter().zip(results) {
             let m = &items[pos].member;

@@ -13,7 +13,7 @@ use image::RgbImage;
 
 use super::config::{Config, ModelSpec, StageKind};
 use crate::error::{Error, Result};
-use crate::runner::{ItemRunner, MemoryBudget, MemoryFailure};
+use crate::runner::{BatchSetting, ItemRunner, MemoryBudget, MemoryFailure, PassLog};
 use crate::tasks::segment::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
@@ -227,11 +227,41 @@ pub struct ModelChain {
     slots: Vec<Slot>,
     /// The first working model's runner (per chain, across chunks): its index and the runner.
     runner: Option<(usize, ItemRunner)>,
+    /// The stage's pass log ([`PassLog`]) and the ceiling its recovery set.
+    passes: Option<PassLog>,
+    ceiling: Option<usize>,
 }
 
-/// A runner for model `stage` of a stage: the budget is measured once per model, after it has loaded.
-pub(crate) fn stage_runner(cfg: &Config, stage: &dyn Stage) -> ItemRunner {
-    ItemRunner::new(cfg.batch, MemoryBudget::resolve(cfg.mem_budget_mb, stage.device()).unwrap_or(MemoryBudget::FALLBACK))
+/// A runner for model `stage` of a stage: the budget is measured once per model, after it has
+/// loaded; under `auto`, where it came from goes to `log`.
+pub(crate) fn stage_runner(cfg: &Config, stage: &dyn Stage, log: &mut dyn FnMut(String)) -> ItemRunner {
+    let (budget, why) = MemoryBudget::explain(cfg.mem_budget_mb, stage.device()).unwrap_or((MemoryBudget::FALLBACK, "1024 MiB (fallback)".into()));
+    if cfg.batch == BatchSetting::Auto {
+        log(format!("memory budget {why}"));
+    }
+    ItemRunner::new(cfg.batch, budget)
+}
+
+/// Runs one pass of `units` over `keys` between its `begin` and `end` in `passes` (when kept); a
+/// failure to record either is kept in `fatal` (it ends the run) and fails the pass.
+fn recorded<T>(
+    passes: &mut Option<PassLog>,
+    fatal: &mut Option<Error>,
+    keys: &[&str],
+    f: impl FnOnce() -> std::result::Result<T, StageFailure>,
+) -> std::result::Result<T, StageFailure> {
+    if let Some(p) = passes.as_mut() {
+        if let Err(e) = p.begin(keys.len(), keys) {
+            let msg = e.to_string();
+            fatal.get_or_insert(e);
+            return Err(StageFailure::Misfit(format!("the pass could not be recorded: {msg}")));
+        }
+    }
+    let r = f();
+    if let Some(Err(e)) = passes.as_mut().map(PassLog::end) {
+        fatal.get_or_insert(e);
+    }
+    r
 }
 
 /// Why a stage's model failed on a batch.
@@ -291,7 +321,13 @@ impl ModelChain {
     pub fn new(kind: StageKind, cfg: &Config) -> Result<Self> {
         let specs = cfg.model_chain(kind)?;
         let slots = specs.iter().map(|_| Slot::Unloaded).collect();
-        Ok(ModelChain { kind, specs, slots, runner: None })
+        Ok(ModelChain { kind, specs, slots, runner: None, passes: None, ceiling: None })
+    }
+
+    /// Records every pass in `passes`; at most `ceiling` images per pass (a run killed for memory).
+    pub fn set_passes(&mut self, passes: PassLog, ceiling: Option<usize>) {
+        self.passes = Some(passes);
+        self.ceiling = ceiling;
     }
 
     /// The stage.
@@ -358,15 +394,21 @@ impl ModelChain {
         Err(if reasons.is_empty() { "no model of this stage could be loaded".into() } else { reasons.join("; ") })
     }
 
-    /// Predicts for every image: `(prediction, model index)` or the reasons every model failed.
+    /// Predicts for every image (`keys[i]` names `images[i]` in the pass log): `(prediction, model
+    /// index)` or the reasons every model failed; an error when a pass could not be recorded.
     pub fn predict(
         &mut self,
         images: &[&RgbImage],
+        keys: &[&str],
         cfg: &Config,
         devices: &mut Devices,
         warn: &mut dyn FnMut(String),
-    ) -> Vec<std::result::Result<(Prediction, usize), String>> {
+    ) -> Result<Vec<std::result::Result<(Prediction, usize), String>>> {
         let n = images.len();
+        if keys.len() != n {
+            return Err(Error::Config(format!("{} keys for {n} images (a bug)", keys.len())));
+        }
+        let mut fatal: Option<Error> = None;
         let mut out: Vec<Option<(Prediction, usize)>> = (0..n).map(|_| None).collect();
         let mut reasons: Vec<Vec<String>> = vec![Vec::new(); n];
         let mut first = true;
@@ -386,7 +428,11 @@ impl ModelChain {
                 first = false;
                 let stage_name = self.kind.name();
                 if self.runner.as_ref().is_none_or(|(model, _)| *model != m) {
-                    self.runner = Some((m, stage_runner(cfg, stage.as_ref())));
+                    let mut r = stage_runner(cfg, stage.as_ref(), &mut |msg| warn(format!("{stage_name}: {msg}")));
+                    if let Some(c) = self.ceiling {
+                        r.limit_to(c);
+                    }
+                    self.runner = Some((m, r));
                 }
                 let Some((_, runner)) = self.runner.as_mut() else { continue };
                 let worst = images.iter().filter_map(|im| stage.activation_bytes(im).map(|b| b + im.as_raw().len() as u64)).max();
@@ -396,7 +442,10 @@ impl ModelChain {
                     Some(stage.device()),
                     |got, want| StageFailure::Misfit(format!("returned {got} results for {want} images")),
                     &mut |msg| warn(format!("{stage_name}: {msg}")),
-                    |idx| guarded(stage.as_ref(), &idx.iter().map(|&i| images[i]).collect::<Vec<_>>()),
+                    |idx| {
+                        let names: Vec<&str> = idx.iter().map(|&i| keys[i]).collect();
+                        recorded(&mut self.passes, &mut fatal, &names, || guarded(stage.as_ref(), &idx.iter().map(|&i| images[i]).collect::<Vec<_>>()))
+                    },
                 );
                 for (&i, r) in todo.iter().zip(results) {
                     match r {
@@ -407,19 +456,23 @@ impl ModelChain {
                 continue;
             }
             for i in todo {
-                match guarded(stage.as_ref(), &images[i..i + 1]) {
+                match recorded(&mut self.passes, &mut fatal, &keys[i..i + 1], || guarded(stage.as_ref(), &images[i..i + 1])) {
                     Ok(mut p) => out[i] = p.pop().map(|p| (p, m)),
                     Err(e) => reasons[i].push(format!("{name}: {e}")),
                 }
             }
         }
-        out.into_iter()
+        if let Some(e) = fatal {
+            return Err(e);
+        }
+        Ok(out
+            .into_iter()
             .zip(reasons)
             .map(|(o, r)| match o {
                 Some(x) => Ok(x),
                 None if r.is_empty() => Err("no model of this stage could be loaded".into()),
                 None => Err(r.join("; ")),
             })
-            .collect()
+            .collect())
     }
 }

@@ -101,8 +101,8 @@ pub(crate) fn run_tiled(
                         let tiling = stage.tiling();
                         let (tile, overlap) = decide(&path, x.cfg.tile_request(w.stage), tiling.default, &limits)?.unwrap_or(tiling.default);
                         let per_tile = stage.activation_bytes(&RgbImage::new(tile as u32, tile as u32));
-                        let mut runner = stage_runner(x.cfg, stage);
                         let mut note = |m: String| super::log(&format!("{stage_name}: {m}"));
+                        let mut runner = stage_runner(x.cfg, stage, &mut note);
                         let batch = runner.plan(per_tile, usize::MAX, &mut note);
                         let opts = TilingOptions::new(tile, overlap);
                         let mut progress = |done: usize, total: usize| {

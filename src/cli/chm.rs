@@ -6,7 +6,7 @@ use argh::FromArgs;
 use edgerun::device::parse_dtype;
 use edgerun::geotiff::{write_f32, GeoReference};
 use edgerun::imageio::{write_npy_f16, ImageLimits};
-use edgerun::runner::{BatchSetting, MemoryBudget};
+use edgerun::runner::BatchSetting;
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::chmv2::Precision;
 use edgerun::tasks::chm::{precision_name, ChmEstimator, HeightMap};
@@ -15,7 +15,7 @@ use edgerun::tiling::Output;
 use image::RgbImage;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, resolve_budget, run_items, state_file, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Canopy height (CHMv2) in metres: `<stem>.chm.npy` (float16) and, for GeoTIFF input, a georeferenced float32 `<stem>.chm.tif`.
@@ -109,8 +109,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let items = collect_inputs(&a.inputs, IMAGE_SUFFIXES, Some(&a.out))?;
     let est = ChmEstimator::load(&a.model, &device, precision).with_context(|| format!("cannot load CHMv2 model {}", a.model.display()))?;
     create_out_dir(&a.out)?;
-    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
-    let spec = RunSpec { command: "chm", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
+    let budget = resolve_budget("chm", a.batch, a.mem_budget, &device)?;
+    let state = Some(state_file(&a.out, "chm"));
+    let spec = RunSpec { command: "chm", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress, state };
     let limits = ImageLimits::default();
     run_items(
         &spec,

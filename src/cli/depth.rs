@@ -6,7 +6,7 @@ use argh::FromArgs;
 use edgerun::edges::sobel_magnitude;
 use edgerun::imageio::npy::write_npy_f32;
 use edgerun::imageio::{colormap::colorize, write_npy_f16, write_png_gray8, write_png_rgb8, ImageLimits};
-use edgerun::runner::{BatchSetting, MemoryBudget};
+use edgerun::runner::BatchSetting;
 use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::models::da3::SKY_THRESHOLD;
 use edgerun::tasks::depth::{DepthEstimator, DepthPrediction};
@@ -14,7 +14,7 @@ use edgerun::tasks::tiles::{depth_default, DepthTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, resolve_budget, run_items, state_file, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Monocular depth for images: `<stem>.depth.npy` (float16) and optional PNG, mirroring the input tree under --out.
@@ -129,8 +129,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let default = depth_default(&est);
     let req = tiled::request(a.tile, a.overlap, default)?;
     create_out_dir(&a.out)?;
-    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
-    let spec = RunSpec { command: "depth", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
+    let budget = resolve_budget("depth", a.batch, a.mem_budget, &device)?;
+    let state = Some(state_file(&a.out, "depth"));
+    let spec = RunSpec { command: "depth", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress, state };
     let limits = ImageLimits::default();
     run_items(
         &spec,

@@ -6,6 +6,7 @@ use anyhow::Context;
 use argh::FromArgs;
 use candle_core::utils;
 use candle_core::{DType, Device};
+use edgerun::runner::MemoryBudget;
 use edgerun::weights::WeightStore;
 
 use super::common::outln;
@@ -49,6 +50,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let f16_matrices = if edgerun::kernels::amx::bf16_available() { "AMX-BF16 tiles (split into bf16 pairs, f32 sums)" } else { "widened to f32 per product" };
     outln!("f16 matrices:  {f16_matrices}");
     outln!("memory:        {}", mem_total().unwrap_or_else(|| "unknown".into()));
+    budget_lines(&Device::Cpu, "cpu")?;
+    if cfg!(feature = "cuda") && utils::cuda_is_available() {
+        if let Ok(d) = edgerun::device::parse_device("cuda") {
+            budget_lines(&d, "cuda")?;
+        }
+    }
     outln!("cuda:          {}", if !cfg!(feature = "cuda") { "not compiled in".to_string() } else if utils::cuda_is_available() { match edgerun::device::parse_device("cuda") { Ok(d) => cuda_line(&d), Err(e) => format!("compiled in, {e}") } } else { "compiled in, no device".into() });
     outln!("metal:         {}", if !cfg!(feature = "metal") { "not compiled in" } else if utils::metal_is_available() { "available" } else { "compiled in, no device" });
     outln!("architectures: {}", edgerun::models::architectures().join(", "));
@@ -66,6 +73,21 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
         }
         anyhow::ensure!(failed == 0, "{failed} model(s) failed to load");
+    }
+    Ok(())
+}
+
+/// The `--batch auto` budget of `device` and where it came from; on the CPU the other figures looked
+/// at (each cgroup limit, `MemAvailable`) and what was ignored.
+fn budget_lines(device: &Device, name: &str) -> anyhow::Result<()> {
+    match MemoryBudget::explain(None, device) {
+        Ok((_, why)) => outln!("memory budget: {name} {why}"),
+        Err(e) => outln!("memory budget: {name} unknown ({e})"),
+    }
+    if device.is_cpu() {
+        for other in edgerun::memory::cpu_available().map(|a| a.others).unwrap_or_default() {
+            outln!("               also {other}");
+        }
     }
     Ok(())
 }

@@ -35,7 +35,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<()> {
     let (batch, device) = (BatchSetting::Fixed(1), Device::Cpu);
     let budget = MemoryBudget::FALLBACK;
-    let spec = RunSpec { command: "edges", batch, budget, device, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)? };
+    let spec = RunSpec { command: "edges", batch, budget, device, fail_fast: a.fail_fast, progress: progress_mode(&a.progress)?, state: None };
     anyhow::ensure!(a.depth.is_dir(), edgerun::Error::Input(format!("--depth {} is not a directory", a.depth.display())));
     // Edge maps can never be taken for depth maps, so --out may be (or lie inside) --depth.
     let items = collect_inputs(std::slice::from_ref(&a.depth), &[".depth.npy"], None)?;

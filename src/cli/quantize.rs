@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use argh::FromArgs;
-use edgerun::quantize::{quantize, Recipe};
+use edgerun::quantize::{quantize_with, Recipe};
 use edgerun::weights::dtype::{ggml_name, parse_ggml_name};
 
 use super::common::outln;
@@ -24,6 +24,10 @@ pub struct Args {
     /// a recipe TOML (default: `quantize/<arch>.toml` rules built in for the architecture, else generic)
     #[argh(option)]
     recipe: Option<PathBuf>,
+    /// a prompt list (one per line, or comma-separated): store these prompts' features in the GGUF
+    /// and leave the text encoder out (SAM 3)
+    #[argh(option, arg_name = "FILE")]
+    prompts: Option<PathBuf>,
     /// print only the summary, not one line per tensor
     #[argh(switch)]
     quiet: bool,
@@ -40,9 +44,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Recipe::builtin(&arch)?.unwrap_or_default()
         }
     };
+    let prompts = match &a.prompts {
+        Some(p) => Some(edgerun::models::sam3::prompts::read_prompt_file(p)?),
+        None => None,
+    };
     let quiet = a.quiet;
     let mut printed = Ok(());
-    let s = quantize(&a.input, &a.output, target, &recipe, |r| {
+    let s = quantize_with(&a.input, &a.output, target, &recipe, prompts.as_deref(), |r| {
         if !quiet && printed.is_ok() {
             printed = super::common::write_stdout(format_args!(
                 "{:<60} {:<6} {:>18} {:>10} -> {:>10}  rel.err {:.2e}",

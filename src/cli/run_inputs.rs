@@ -1,13 +1,14 @@
 //! The loop of the direct commands (`depth`, `segment`, `chm`, `edges`): inputs taken a batch at a
 //! time, every failure reported with its reason and the run carried on (or stopped, with
 //! `--fail-fast`), progress on stderr, and a summary at the end. Any failure makes the exit code 2.
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use candle_core::Device;
 use edgerun::inputs::InputItem;
-use edgerun::runner::{BatchSetting, ItemRunner, MemoryBudget, MemoryFailure};
+use edgerun::runner::{BatchSetting, ItemRunner, MemoryBudget, MemoryFailure, PassLog, KILLED_FOR_MEMORY};
 use edgerun::progress::{log, Mode, Progress};
 
 use super::common::UsageError;
@@ -26,6 +27,53 @@ pub struct RunSpec {
     pub fail_fast: bool,
     /// Progress display.
     pub progress: Mode,
+    /// The state file of the passes ([`PassLog`]), so that a run after a kill for memory takes
+    /// less per pass (`None`: not kept).
+    pub state: Option<PathBuf>,
+}
+
+/// The state file of `command`'s passes in `out` (`OUT/.edgerun-<command>.passes.jsonl`).
+pub fn state_file(out: &Path, command: &str) -> PathBuf {
+    out.join(format!(".edgerun-{command}.passes.jsonl"))
+}
+
+/// The memory budget (`--mem-budget`, else what `device` can spare less the margin); under
+/// `--batch auto` where it came from is logged.
+pub fn resolve_budget(command: &str, batch: BatchSetting, flag_mib: Option<u64>, device: &Device) -> anyhow::Result<MemoryBudget> {
+    let (budget, why) = MemoryBudget::explain(flag_mib, device)?;
+    if batch == BatchSetting::Auto {
+        log(command, &format!("memory budget {why}"));
+    }
+    Ok(budget)
+}
+
+/// What a run's state file says: the log (when kept), the ceiling its recovery set, and the inputs
+/// given up (path → reason).
+struct State {
+    passes: Option<PassLog>,
+    ceiling: Option<usize>,
+    given_up: HashMap<String, String>,
+}
+
+/// Opens the state file of `spec` when it has one. A state file that cannot be kept is said, and the
+/// run goes on without it.
+fn open_state(spec: &RunSpec) -> anyhow::Result<State> {
+    let none = || State { passes: None, ceiling: None, given_up: HashMap::new() };
+    let Some(path) = &spec.state else { return Ok(none()) };
+    let (mut passes, rec) = match PassLog::open(path) {
+        Ok(x) => x,
+        Err(e) => {
+            log(spec.command, &format!("not keeping the state of the passes ({e}): a run killed for memory would be retried at the same batch"));
+            return Ok(none());
+        }
+    };
+    for n in &rec.notes {
+        log(spec.command, n);
+    }
+    passes.settle(&rec.to_fail, Some(KILLED_FOR_MEMORY))?;
+    let hint = format!("; remove {} to try again", path.display());
+    let given_up = rec.failed.into_iter().chain(rec.to_fail.into_iter().map(|i| (i, KILLED_FOR_MEMORY.to_string()))).map(|(i, why)| (i, format!("{why}{hint}"))).collect();
+    Ok(State { passes: Some(passes), ceiling: rec.ceiling, given_up })
 }
 
 /// Parses `--progress`.
@@ -132,6 +180,11 @@ pub fn run_items<L, P>(
     let progress = Progress::new(spec.command, spec.progress, items.len(), Duration::from_secs(10));
     let mut t = Tally { command: spec.command, fail_fast: spec.fail_fast, progress, done: 0, failed: Vec::new() };
     let mut runner = spec.runner();
+    let State { mut passes, ceiling, given_up } = open_state(spec)?;
+    if let Some(c) = ceiling {
+        runner.limit_to(c);
+    }
+    let mut fatal: Option<edgerun::Error> = None;
     let mut loaded: Vec<(&InputItem, L)> = Vec::new();
     // The most bytes one loaded item needs; the planned batch is the budget over it.
     let mut worst = 0u64;
@@ -146,6 +199,10 @@ pub fn run_items<L, P>(
             next.next();
             if let Some(why) = &item.problem {
                 t.fail(item, edgerun::Error::bad_file(&item.path, why.clone()).into())?;
+                continue;
+            }
+            if let Some(why) = given_up.get(item.path.to_string_lossy().as_ref()) {
+                t.fail(item, anyhow::anyhow!("{}: {why}", item.path.display()))?;
                 continue;
             }
             match load(item) {
@@ -171,9 +228,24 @@ pub fn run_items<L, P>(
             |idx| {
                 let its: Vec<&InputItem> = idx.iter().map(|&i| batch[i].0).collect();
                 let data: Vec<&L> = idx.iter().map(|&i| &batch[i].1).collect();
-                predict(&its, &data).map_err(Failed)
+                if let Some(p) = passes.as_mut() {
+                    let keys: Vec<String> = its.iter().map(|it| it.path.to_string_lossy().into_owned()).collect();
+                    if let Err(e) = p.begin(keys.len(), &keys.iter().map(String::as_str).collect::<Vec<_>>()) {
+                        let msg = e.to_string();
+                        fatal.get_or_insert(e);
+                        return Err(Failed(anyhow::anyhow!("the pass could not be recorded: {msg}")));
+                    }
+                }
+                let r = predict(&its, &data).map_err(Failed);
+                if let Some(Err(e)) = passes.as_mut().map(PassLog::end) {
+                    fatal.get_or_insert(e);
+                }
+                r
             },
         );
+        if let Some(e) = fatal.take() {
+            return Err(anyhow::Error::from(e).context(format!("{command}: cannot keep the state of the passes")));
+        }
         for ((it, l), r) in batch.iter().zip(results) {
             match r.map_err(|f| f.0).and_then(|p| write(it, l, p)) {
                 Ok(()) => t.ok(),

@@ -9,14 +9,14 @@ use std::path::PathBuf;
 use anyhow::Context;
 use argh::FromArgs;
 use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
-use edgerun::runner::{BatchSetting, MemoryBudget};
+use edgerun::runner::BatchSetting;
 use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
 use edgerun::tasks::segment::{ClassMap, Segmenter};
 use edgerun::tasks::tiles::{seg_default, SegTiles};
 use edgerun::tiling::Output;
 
 use super::common::{compute, usage};
-use super::run_inputs::{create_out_dir, output_path, progress_mode, run_items, RunSpec};
+use super::run_inputs::{create_out_dir, output_path, progress_mode, resolve_budget, run_items, state_file, RunSpec};
 use super::tiled::{self, Loaded};
 
 /// Semantic segmentation (SegFormer) of images: `<stem>.seg.png` (uint8 class ids), mirroring the input tree under --out.
@@ -98,8 +98,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let meta = map.metadata_json();
     let model_name = a.model.display().to_string();
     create_out_dir(&a.out)?;
-    let budget = MemoryBudget::resolve(a.mem_budget, &device)?;
-    let spec = RunSpec { command: "segment", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress };
+    let budget = resolve_budget("segment", a.batch, a.mem_budget, &device)?;
+    let state = Some(state_file(&a.out, "segment"));
+    let spec = RunSpec { command: "segment", batch: a.batch, budget, device: device.clone(), fail_fast: a.fail_fast, progress, state };
     let limits = ImageLimits::default();
     let default = seg_default(&seg);
     let req = tiled::request(a.tile, a.overlap, default)?;

@@ -13,6 +13,7 @@ pub mod fast_math;
 pub(crate) mod folded_decode;
 pub(crate) mod fused_attention;
 pub mod gemm;
+pub(crate) mod group_norm;
 pub(crate) mod half_amx;
 pub mod int8_attention;
 pub mod int8_gemm;

@@ -15,7 +15,7 @@ use super::training::{Trainee, TrainingLayout};
 use super::Model;
 use crate::error::{Error, Result};
 use crate::tasks::Task;
-use crate::weights::Vb;
+use crate::weights::{MetaValue, Vb, WeightStore};
 
 /// The outputs of a depth model, by the names its forward pass gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +30,17 @@ pub struct DepthOutputs {
     pub metric: bool,
     /// Whether metric depth needs the images' focal length (`focal · output / 300`).
     pub needs_focal: bool,
+}
+
+/// What a GGUF copy of a checkpoint carries besides the checkpoint's tensors (`edgerun quantize`).
+#[derive(Debug, Default)]
+pub struct GgufExtras {
+    /// Metadata entries.
+    pub metadata: Vec<(String, MetaValue)>,
+    /// Tensors computed from the checkpoint (stored in f32).
+    pub tensors: Vec<(String, candle_core::Tensor)>,
+    /// Glob patterns of checkpoint tensors left out.
+    pub drop: Vec<String>,
 }
 
 /// Everything a model family knows about itself. Each family implements it once, in its folder
@@ -67,6 +78,16 @@ pub trait Family: Sync + 'static {
     /// The model as fine-tuning drives it (the trainable weights already chosen in `vb`); an
     /// error for a family without [`Family::TRAINING`].
     fn trainee(vb: &Vb, config: &Self::Config) -> Result<Box<dyn Trainee>>;
+
+    /// What a GGUF copy of the checkpoint in `store` (opened from `model_path`) carries besides its
+    /// tensors; with `prompts`, those text prompts' features computed once in place of what computes
+    /// them. Default: nothing, and prompts are an error.
+    fn gguf_extras(_config: &Self::Config, _store: &Arc<WeightStore>, _model_path: &Path, prompts: Option<&[String]>) -> Result<GgufExtras> {
+        match prompts {
+            None => Ok(GgufExtras::default()),
+            Some(_) => Err(Error::Config(format!("{} models take no text prompts", Self::NAME))),
+        }
+    }
 }
 
 /// A parsed config of some family, as the registry holds it.
@@ -98,6 +119,8 @@ pub trait Descriptor: Sync {
     fn depth_outputs(&self, config: &AnyConfig) -> Option<DepthOutputs>;
     /// See [`Family::trainee`].
     fn trainee(&self, vb: &Vb, config: &AnyConfig) -> Result<Box<dyn Trainee>>;
+    /// See [`Family::gguf_extras`].
+    fn gguf_extras(&self, config: &AnyConfig, store: &Arc<WeightStore>, model_path: &Path, prompts: Option<&[String]>) -> Result<GgufExtras>;
 }
 
 /// The registry's entry for family `F`.
@@ -167,5 +190,9 @@ impl<F: Family> Descriptor for Registered<F> {
 
     fn trainee(&self, vb: &Vb, config: &AnyConfig) -> Result<Box<dyn Trainee>> {
         F::trainee(vb, Self::typed(config)?)
+    }
+
+    fn gguf_extras(&self, config: &AnyConfig, store: &Arc<WeightStore>, model_path: &Path, prompts: Option<&[String]>) -> Result<GgufExtras> {
+        F::gguf_extras(Self::typed(config)?, store, model_path, prompts)
     }
 }

@@ -2,8 +2,9 @@
 //! family estimates its own model from its typed config ([`super::Family::footprint`]); this
 //! module holds what they share — the ViT + DPT estimate — and adds what every image costs around
 //! the model: the preprocessed input and the result resized to the source image. The estimates
-//! sum the large tensors alive at the peak and are meant to err high; `docs/memory.md` records
-//! them against measured runs.
+//! take the larger of the two phases of a pass (the backbone's layers, then the decoder, which
+//! runs once the backbone's activations are freed), sum the large tensors alive at each phase's
+//! peak, and are meant to err high; `docs/memory.md` records them against measured runs.
 use std::sync::Arc;
 
 /// Bytes of one f32 element (inputs and results are f32 whatever the model computes in).
@@ -21,6 +22,10 @@ pub(crate) struct VitDpt {
     pub fusion: u64,
     pub head: u64,
     pub out_channels: u64,
+    /// Full-resolution maps of the head's width (the larger of `fusion / 2` and `head`) alive at
+    /// once in the head: 2 where measured (DA-V2: the upsampled map and the convolution's output,
+    /// docs/memory.md), 4 (every convolution's input and output) where not.
+    pub head_maps: u64,
     /// Full-resolution maps of `out_channels` alive after the head (CHMv2 turns its bins into
     /// heights through a softmax and a weighted sum: two more such maps).
     pub post_maps: u64,
@@ -36,15 +41,17 @@ impl VitDpt {
         // The worst layer: qkv, scores and probabilities, residual stream (attention) or the MLP.
         let attention = 5 * t * d + 2 * self.heads * t * t;
         let mlp = 2 * t * d + 2 * self.mlp * t;
-        let backbone = attention.max(mlp) + self.kept_layers * t * d;
+        let kept = self.kept_layers * t * d;
+        let backbone = attention.max(mlp) + kept;
         // Neck maps at 4×, 2×, 1×, ½× the patch grid, each with its fusion-width projection.
         let grid = gh * gw;
         let areas = [16 * grid, 4 * grid, grid, grid / 4];
         let neck: u64 = self.neck.iter().zip(areas).map(|(&c, a)| (c + self.fusion) * a).sum();
         // Fusion upsamples to 8× the grid; the head works at the input resolution.
         let fusion = 2 * self.fusion * grid * 64;
-        let head = 2 * (self.fusion / 2) * h * w + 2 * self.head * h * w + (1 + self.post_maps) * self.out_channels * h * w;
-        (backbone + neck + fusion + head) * elem
+        let head = self.head_maps * (self.fusion / 2).max(self.head) * h * w + (1 + self.post_maps) * self.out_channels * h * w;
+        // The decoder keeps the backbone's chosen layers, the neck and fusion maps, and the head.
+        backbone.max(kept + neck + fusion + head) * elem
     }
 }
 

@@ -6,9 +6,11 @@ pub mod chmv2;
 pub mod da3;
 pub mod depth_anything;
 pub mod family;
+pub mod fixed_size;
 pub mod footprint;
 pub mod lgatr;
 pub mod processor;
+pub mod sam3;
 pub mod segformer;
 pub mod training;
 
@@ -21,7 +23,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::error::{Error, Result};
 use crate::tasks::Task;
 use crate::weights::{Vb, WeightStore};
-pub use family::{DepthOutputs, Descriptor, Family};
+pub use family::{DepthOutputs, Descriptor, Family, GgufExtras};
 use family::{AnyConfig, Registered};
 use processor::ImageProcessor;
 use training::Trainee;
@@ -38,6 +40,11 @@ pub trait Model: Send + Sync {
     fn input_names(&self) -> Vec<&'static str>;
     /// Runs the forward pass on already-preprocessed tensors.
     fn forward_named(&self, inputs: &NamedTensors) -> Result<NamedTensors>;
+    /// The forward pass handing its outputs to `sink`: by default all at the end; a model whose
+    /// outputs are large per item (SAM 3's masks per prompt) writes each block as it is made.
+    fn forward_into(&self, inputs: &NamedTensors, sink: &mut dyn crate::tensor_io::OutputSink) -> Result<()> {
+        crate::tensor_io::write_all(sink, &self.forward_named(inputs)?)
+    }
 }
 
 /// The input tensor `name`, or an error naming it.
@@ -52,6 +59,7 @@ pub static FAMILIES: &[&dyn Descriptor] = &[
     &Registered::<segformer::SegformerFamily>::new(),
     &Registered::<chmv2::Chmv2Family>::new(),
     &Registered::<lgatr::LgatrFamily>::new(),
+    &Registered::<sam3::Sam3Family>::new(),
 ];
 
 /// Every architecture name the families recognise, sorted.
@@ -170,6 +178,11 @@ impl Checkpoint {
     /// Its depth outputs, when it is a depth model.
     pub fn depth_outputs(&self) -> Option<DepthOutputs> {
         self.family.depth_outputs(&self.config)
+    }
+
+    /// What a GGUF copy of it carries besides its tensors ([`Family::gguf_extras`]).
+    pub fn gguf_extras(&self, prompts: Option<&[String]>) -> Result<GgufExtras> {
+        self.built(|| self.family.gguf_extras(&self.config, &self.store, &self.path, prompts))
     }
 
     /// The model as fine-tuning drives it, its trainable weights chosen in `vb`.

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod conv;
 pub mod conv_transpose;
 pub mod grad;
+pub mod group_norm;
 pub mod interpolate;
 pub mod layers;
 pub mod linear;

@@ -73,14 +73,21 @@ fn encode(x: &Tensor, dtype: GgmlDType) -> Result<(Vec<u8>, Tensor)> {
 
 /// Quantizes the model at `input` (directory, safetensors or GGUF) into `output` (GGUF), atomically.
 /// Calls `report` once per tensor as it is written.
-pub fn quantize(
+pub fn quantize(input: &Path, output: &Path, target: GgmlDType, recipe: &Recipe, report: impl FnMut(&TensorReport)) -> Result<Summary> {
+    quantize_with(input, output, target, recipe, None, report)
+}
+
+/// As [`quantize`], with what the model's family adds to a GGUF copy ([`crate::models::GgufExtras`]:
+/// SAM 3's tokenizer, or with `prompts` those prompts' features in place of its text encoder).
+pub fn quantize_with(
     input: &Path,
     output: &Path,
     target: GgmlDType,
     recipe: &Recipe,
+    prompts: Option<&[String]>,
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Summary> {
-    let store = WeightStore::open(input)?;
+    let store = std::sync::Arc::new(WeightStore::open(input)?);
     // The output may name an input through another path (`q/../q/x.gguf`): the writer refuses that.
     for f in store.files() {
         register_input(f);
@@ -89,15 +96,31 @@ pub fn quantize(
     if !recipe.arch.is_empty() && !arch.is_empty() && recipe.arch != arch {
         return Err(Error::Config(format!("recipe is for `{}` but the model is `{arch}`", recipe.arch)));
     }
-    let plan: Vec<(String, Vec<usize>, GgmlDType)> = store
+    let checkpoint = crate::models::family_of(&arch).map(|_| crate::models::Checkpoint::from_store(store.clone(), input));
+    let extras = match (checkpoint, prompts) {
+        (Some(ckpt), Some(_)) => ckpt?.gguf_extras(prompts)?,
+        (None, Some(_)) => return Err(Error::Config(format!("`{arch}` models take no text prompts"))),
+        (Some(Ok(ckpt)), None) => ckpt.gguf_extras(None)?,
+        // A config that does not parse is copied as it is: loading the copy names it (as its metadata).
+        (Some(Err(_)) | None, None) => crate::models::GgufExtras::default(),
+    };
+    let dropped = |name: &str| recipe.drops(name) || extras.drop.iter().any(|p| recipe::glob_match(p, name));
+    let mut plan: Vec<(String, Vec<usize>, GgmlDType)> = store
         .entries()
         .values()
+        .filter(|e| !dropped(&e.name))
         .map(|e| {
             // GGUF has no rank-0 tensors: scalars are stored as [1] (the loader accepts either).
             let shape = if e.shape.is_empty() { vec![1] } else { e.shape.clone() };
             (e.name.clone(), shape, recipe.choose(&e.name, &e.shape, target))
         })
         .collect();
+    for (name, t) in &extras.tensors {
+        if store.contains(name) {
+            return Err(Error::Config(format!("the checkpoint already has a tensor `{name}`")));
+        }
+        plan.push((name.clone(), t.dims().to_vec(), GgmlDType::F32));
+    }
     let planned = gguf_writer::plan(plan).ok_or_else(|| Error::Config("a tensor does not fit its planned type".into()))?;
     let mut metadata = vec![
         ("general.architecture".to_string(), MetaValue::String(arch.clone())),
@@ -109,21 +132,26 @@ pub fn quantize(
     if let Some(MetaValue::String(n)) = store.metadata().get("general.name") {
         metadata.push(("general.name".to_string(), MetaValue::String(n.clone())));
     }
+    metadata.extend(extras.metadata.iter().cloned());
     let mut file = AtomicFile::create(output)?;
     let io = |e: std::io::Error| Error::io(output, e);
     let mut summary = Summary::default();
     {
         let mut w = gguf_writer::GgufWriter::new(BufWriter::new(file.file().map_err(io)?), &metadata, planned).map_err(io)?;
         while let Some(t) = w.next_tensor().cloned() {
-            let entry = &store.entries()[&t.name];
-            let x = store.tensor(&t.name, DType::F32, &Device::Cpu)?;
-            let (bytes, back) = encode(&x, t.dtype)
-                .map_err(|e| Error::bad_tensor(store.file_of(entry), &t.name, format!("cannot encode as {}: {e}", ggml_name(t.dtype))))?;
+            let (x, bytes_in) = match extras.tensors.iter().find(|(n, _)| *n == t.name) {
+                Some((_, x)) => (x.to_dtype(DType::F32)?.to_device(&Device::Cpu)?, 0),
+                None => (store.tensor(&t.name, DType::F32, &Device::Cpu)?, store.entries()[&t.name].len),
+            };
+            let (bytes, back) = encode(&x, t.dtype).map_err(|e| match store.entries().get(&t.name) {
+                Some(entry) => Error::bad_tensor(store.file_of(entry), &t.name, format!("cannot encode as {}: {e}", ggml_name(t.dtype))),
+                None => Error::Config(format!("`{}`: cannot encode as {}: {e}", t.name, ggml_name(t.dtype))),
+            })?;
             let r = TensorReport {
                 name: t.name.clone(),
                 shape: t.shape.clone(),
                 dtype: t.dtype,
-                bytes_in: entry.len,
+                bytes_in,
                 bytes_out: bytes.len(),
                 rel_error: rel_error(&x, &back)?,
             };

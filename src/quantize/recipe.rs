@@ -23,6 +23,9 @@ pub struct Recipe {
     /// Float type for tensors that are not quantized (`f16` or `f32`).
     #[serde(default = "default_float")]
     pub float: String,
+    /// Glob patterns of tensors not written at all (parts of a checkpoint the model never reads).
+    #[serde(default)]
+    pub drop: Vec<String>,
     /// Replacement type when a matrix's inner dimension does not fit the target's block size
     /// (e.g. `q4k = "q8_0"`); tried repeatedly, ending at `float`.
     #[serde(default)]
@@ -44,6 +47,7 @@ impl Default for Recipe {
             quantize: default_quantize(),
             keep_f32: vec!["*norm*".into(), "*.bias".into()],
             float: default_float(),
+            drop: Vec::new(),
             fallback: [("q4k", "q8_0"), ("q5k", "q8_0"), ("q6k", "q8_0"), ("q2k", "q4_0"), ("q3k", "q4_0")]
                 .into_iter()
                 .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -110,6 +114,11 @@ impl Recipe {
             "f32" => Ok(GgmlDType::F32),
             other => Err(format!("`float` must be f16 or f32, not `{other}`")),
         }
+    }
+
+    /// Whether a tensor named `name` is left out of the output.
+    pub fn drops(&self, name: &str) -> bool {
+        any_match(&self.drop, name)
     }
 
     /// Chooses the stored type of a tensor named `name` with `shape` when quantizing to `target`.

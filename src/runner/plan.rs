@@ -2,7 +2,8 @@
 //! (`--mem-budget MiB`, else what the device can spare) and the batch they allow.
 use candle_core::Device;
 
-use crate::memory::available_bytes;
+use crate::memory::available;
+use crate::memory::procfs::mib;
 use crate::error::{Error, Result};
 
 /// Largest batch accepted (`--batch N`) or planned (`auto`).
@@ -66,6 +67,16 @@ impl std::str::FromStr for BatchSetting {
 /// Largest `--mem-budget` accepted, MiB (16 TiB).
 pub(crate) const MAX_BUDGET_MIB: u64 = 16 << 20;
 
+/// The environment variable of the planner's test hook: under `auto`, plan this many items per
+/// pass whatever the budget says (to test what a plan too large for the memory does).
+pub(crate) const FORCE_PLAN_ENV: &str = "EDGERUN_PLAN_BATCH";
+
+/// The forced plan of the test hook, when set to a batch from 1 to [`MAX_BATCH`].
+pub(crate) fn forced_plan() -> Option<usize> {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| std::env::var(FORCE_PLAN_ENV).ok().and_then(|v| v.trim().parse().ok()).filter(|n| (1..=MAX_BATCH).contains(n)))
+}
+
 /// Bytes activations may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryBudget {
@@ -81,15 +92,29 @@ impl MemoryBudget {
     /// loaded, so the weights are already accounted for) less a safety margin of 10 % (at least
     /// 256 MiB); 1 GiB when the device cannot tell.
     pub fn resolve(flag_mib: Option<u64>, device: &Device) -> Result<Self> {
+        Ok(Self::explain(flag_mib, device)?.0)
+    }
+
+    /// [`MemoryBudget::resolve`] and where the budget came from, in words (for the run's log and
+    /// `edgerun doctor`).
+    pub fn explain(flag_mib: Option<u64>, device: &Device) -> Result<(Self, String)> {
         if let Some(m) = flag_mib {
             if m == 0 || m > MAX_BUDGET_MIB {
                 return Err(Error::Input(format!("--mem-budget {m}: expected 1 to {MAX_BUDGET_MIB} MiB")));
             }
-            return Ok(MemoryBudget { bytes: m << 20 });
+            return Ok((MemoryBudget { bytes: m << 20 }, format!("{m} MiB, set by --mem-budget")));
         }
-        let avail = available_bytes(device).unwrap_or(Self::FALLBACK.bytes);
+        let Some(a) = available(device) else {
+            return Ok((Self::FALLBACK, format!("{} (the device cannot tell what it can spare)", mib(Self::FALLBACK.bytes))));
+        };
+        let b = Self::with_margin(a.bytes);
+        Ok((b, format!("{}: {} spare less the margin, from {}", mib(b.bytes), mib(a.bytes), a.source)))
+    }
+
+    /// The budget for `avail` spare bytes: less 10 % (at least 256 MiB), at least 64 MiB.
+    pub(crate) fn with_margin(avail: u64) -> Self {
         let margin = (avail / 10).max(256 << 20);
-        Ok(MemoryBudget { bytes: avail.saturating_sub(margin).max(64 << 20) })
+        MemoryBudget { bytes: avail.saturating_sub(margin).max(64 << 20) }
     }
 
     /// The batch `setting` allows with `per_item` bytes of activations per item.
@@ -123,5 +148,10 @@ mod tests {
         assert_eq!(b.batch_for(BatchSetting::Fixed(7), 2000 << 20), 7);
         assert!(MemoryBudget::resolve(Some(0), &Device::Cpu).is_err());
         assert_eq!(MemoryBudget::resolve(Some(512), &Device::Cpu).unwrap().bytes, 512 << 20);
+        let (b, why) = MemoryBudget::explain(None, &Device::Cpu).unwrap();
+        assert!(b.bytes >= 64 << 20 && why.contains("spare less the margin, from"), "{why}");
+        assert_eq!(MemoryBudget::with_margin(700 << 20).bytes, 444 << 20);
+        assert_eq!(MemoryBudget::with_margin(10 << 30).bytes, (10u64 << 30) - (1 << 30));
+        assert_eq!(MemoryBudget::with_margin(100 << 20).bytes, 64 << 20);
     }
 }

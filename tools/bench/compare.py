@@ -15,7 +15,8 @@ falls on both sides of a ratio instead of on whichever engine it overlapped); ac
 FlopCounterMode on the reference forward), edgerun's peak RSS, and the max abs error of edgerun's output
 against PyTorch f32 relative to max(1, max|ref|) — so that a fast wrong answer shows. Variants: f32,
 and GGUF files made by `edgerun quantize --type <variant>`: f16 (weights held in f16, computed in f32
-on the CPU), q8_0, q4k. L-GATr is also timed under
+on the CPU), q8_0, q4k; for SAM 3 also `q8_0+prompts` (`edgerun quantize --prompts`: the prompts' text
+features stored, the text encoder left out, the image alone as input). L-GATr is also timed under
 `torch.compile`.
 """
 import argparse
@@ -50,6 +51,8 @@ class Case:
     def __init__(self, name, label, forward, inputs, outputs, model_dir, onnx_module=None):
         self.name, self.label, self.forward, self.inputs = name, label, forward, inputs
         self.outputs, self.model_dir, self.onnx_module = outputs, model_dir, onnx_module
+        # For a `+prompts` variant: the prompt file stored by quantize, and the inputs left once it is.
+        self.prompt_file, self.image_inputs = None, None
 
 
 def hub_case(name, label, model, workdir, size, output):
@@ -130,25 +133,37 @@ def build_lgatr(workdir):
     return case
 
 
-BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr}
+def build_sam3(workdir):
+    import sam3 as sam3_bench
+
+    fwd, inputs, outputs = sam3_bench.build(workdir, fixtures_common().reinit)
+    case = Case("sam3", f"SAM 3 @ 1008², 1 image × {sam3_bench.PROMPTS} prompts", fwd, inputs, outputs, workdir)
+    case.prompt_file, case.image_inputs = os.path.join(workdir, "prompts.txt"), ["pixel_values"]
+    return case
 
 
-def count_flops(case):
+BUILDERS = {"da2s": build_da2s, "segformer": build_segformer, "da3s": build_da3s, "chmv2": build_chmv2, "lgatr": build_lgatr, "sam3": build_sam3}
+
+
+def reference(case):
+    """The reference outputs and the FLOPs counted while computing them (one forward: SAM 3's takes minutes)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
-        case.forward(**case.inputs)
-    return fc.get_total_flops()
+        ref = case.forward(**case.inputs)
+    return ref, fc.get_total_flops()
 
 
 def edgerun_model(binary, case, variant):
     """(model path, compute dtype) of a variant: the checkpoint for f32, else a GGUF copy made once by
-    `edgerun quantize`."""
+    `edgerun quantize` (`TYPE+prompts`: with the case's prompt features stored)."""
     if variant == "f32":
         return case.model_dir, "f32"
-    path = os.path.join(case.model_dir, f"model-{variant}.gguf")
+    qtype, _, extra = variant.partition("+")
+    path = os.path.join(case.model_dir, f"model-{qtype}{'-' + extra if extra else ''}.gguf")
     if not os.path.exists(path):
-        subprocess.run([binary, "quantize", "--type", variant, "--quiet", case.model_dir, path], check=True)
+        cmd = [binary, "quantize", "--type", qtype, "--quiet", case.model_dir, path]
+        subprocess.run(cmd + (["--prompts", case.prompt_file] if extra == "prompts" else []), check=True)
     return path, "f32"
 
 
@@ -156,6 +171,9 @@ def run_edgerun(binary, case, variant, input_path, repeat):
     """(forward ms list, peak RSS MiB, outputs) of one `edgerun forward --repeat` process; its first
     pass is the warm-up that PyTorch and ORT get too, not counted."""
     model, dtype = edgerun_model(binary, case, variant)
+    if variant.endswith("+prompts"):
+        input_path = input_path.replace(".safetensors", ".image.safetensors")
+        save_file({k: case.inputs[k] for k in case.image_inputs}, input_path)
     out = input_path + f".{variant}.out.safetensors"
     cmd = ["/usr/bin/time", "-f", "%M", binary, "forward", "--model", model, "--input", input_path, "--output", out,
            "--device", "cpu", "--dtype", dtype, "--repeat", str(repeat + 1)]
@@ -224,9 +242,7 @@ def main():
         torch.set_num_threads(threads())  # after the build: the fixture helpers pin one thread
         inp = os.path.join(workdir, "input.safetensors")
         save_file(case.inputs, inp)
-        with torch.no_grad():
-            ref = case.forward(**case.inputs)
-        flops = count_flops(case)
+        ref, flops = reference(case)
         onnx_path = os.path.join(workdir, "model.onnx")
         have_onnx = case.onnx_module is not None and export_onnx(case.onnx_module, case.inputs, onnx_path, case.outputs)
         times = {"torch": [], "ort": [], "compiled": []}
@@ -249,6 +265,8 @@ def main():
                     ms = time_onnx_session(onnx_path, case.inputs, a.repeat)
                 elif item == "compiled":
                     ms = time_torch(lambda **kw: case.compiled(*kw.values()), case.inputs, a.repeat)
+                elif item.endswith("+prompts") and case.prompt_file is None:
+                    continue  # a model without prompts
                 else:
                     try:
                         ms, r, out = run_edgerun(a.binary, case, item, inp, a.repeat)

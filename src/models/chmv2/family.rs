@@ -54,6 +54,7 @@ impl Family for Chmv2Family {
             head: c.head_hidden_size as u64,
             out_channels: c.number_output_channels as u64,
             // The bins become heights through a softmax and a weighted sum: two more such maps.
+            head_maps: 4,
             post_maps: 2,
         };
         Some(Arc::new(move |h, w, elem| vit.bytes(h, w, elem)))

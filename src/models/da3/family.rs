@@ -59,6 +59,7 @@ impl Family for Da3Family {
             fusion: c.head.features as u64,
             head: 32,
             out_channels: c.head.output_dim as u64,
+            head_maps: 4,
             post_maps: 0,
         };
         Some(Arc::new(move |h, w, elem| vit.bytes(h, w, elem)))

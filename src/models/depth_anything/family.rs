@@ -55,6 +55,7 @@ impl Family for DepthAnythingFamily {
             fusion: c.fusion_hidden_size as u64,
             head: c.head_hidden_size as u64,
             out_channels: 1,
+            head_maps: 2,
             post_maps: 0,
         };
         Some(Arc::new(move |h, w, elem| vit.bytes(h, w, elem)))

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::processor::SegformerProcessor;
-use super::{Config, SegformerForSemanticSegmentation};
+use super::{Config, SegformerForSemanticSegmentation, SegformerProcessor};
 use crate::error::Result;
 use crate::models::family::{DepthOutputs, Family};
 use crate::models::footprint::ModelEstimate;

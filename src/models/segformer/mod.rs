@@ -30,11 +30,11 @@ use crate::nn::Linear;
 use crate::weights::{StoredDType, Vb};
 
 mod family;
-pub mod processor;
 mod training;
 
 pub use family::SegformerFamily;
-pub use processor::SegformerProcessor;
+/// SegFormer's image processor: the fixed-size one with its defaults.
+pub use crate::models::fixed_size::FixedSizeProcessor as SegformerProcessor;
 
 use crate::kernels::folded_decode::{ClassifierWeight, FoldedDecode};
 

@@ -1,6 +1,7 @@
-//! transformers' `SegformerImageProcessor` (5.24.0): resize to the configured size (no aspect keep;
-//! Pillow-exact antialiased BILINEAR on the 8-bit image, [`crate::imageio::resample`]), rescale
-//! 1/255, normalise with the ImageNet mean/std.
+//! The image processor that resizes to a fixed size (no aspect keep; Pillow-exact antialiased
+//! BILINEAR or BICUBIC on the 8-bit image, [`crate::imageio::resample`]), rescales and normalises:
+//! transformers' `SegformerImageProcessor` (5.24.0, the [`Default`]) and SAM 3's, each family giving
+//! the defaults its processor has when a checkpoint has no `preprocessor_config.json`.
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
@@ -10,12 +11,12 @@ use crate::error::{Error, Result};
 use crate::imageio::resample::{resize, Filter};
 use crate::models::processor::{processor_file, ImageProcessor, Normalization, IMAGENET_MEAN, IMAGENET_STD};
 
-/// The input side without a `preprocessor_config.json`.
+/// SegFormer's input side without a `preprocessor_config.json`.
 const DEFAULT_SIDE: usize = 512;
 
-/// Image preprocessing (`SegformerImageProcessor` settings).
+/// Fixed-size image preprocessing (`SegformerImageProcessor` settings by default).
 #[derive(Debug, Clone)]
-pub struct SegformerProcessor {
+pub struct FixedSizeProcessor {
     /// Target `(height, width)`; `None`: keep the image size (`do_resize = false`).
     pub size: Option<(usize, usize)>,
     /// Resampling filter (`resample`: 2 = PIL BILINEAR, 3 = PIL BICUBIC), Pillow-exact.
@@ -26,9 +27,9 @@ pub struct SegformerProcessor {
     pub normalize: Option<([f32; 3], [f32; 3])>,
 }
 
-impl Default for SegformerProcessor {
+impl Default for FixedSizeProcessor {
     fn default() -> Self {
-        SegformerProcessor {
+        FixedSizeProcessor {
             size: Some((DEFAULT_SIDE, DEFAULT_SIDE)),
             filter: Filter::Bilinear,
             rescale: Some(1.0 / 255.0),
@@ -37,21 +38,30 @@ impl Default for SegformerProcessor {
     }
 }
 
-impl SegformerProcessor {
+impl FixedSizeProcessor {
     /// Reads `preprocessor_config.json` next to the model (inside a model directory, or beside a
-    /// single weight file); the processor defaults (512×512, bilinear, ImageNet) when there is none.
+    /// single weight file); SegFormer's defaults (512×512, bilinear, ImageNet) when there is none.
     pub fn from_model_path(model: &Path) -> Result<Self> {
-        let Some(p) = processor_file(model) else { return Ok(Self::default()) };
+        Self::from_model_path_or(model, Self::default())
+    }
+
+    /// As [`FixedSizeProcessor::from_model_path`], with `defaults` for what the file does not say.
+    pub fn from_model_path_or(model: &Path, defaults: Self) -> Result<Self> {
+        let Some(p) = processor_file(model) else { return Ok(defaults) };
         let text = crate::fsutil::read_input_text(&p, crate::fsutil::MAX_TEXT_INPUT)?;
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::bad_file(&p, format!("invalid JSON: {e}")))?;
-        Self::from_json(&v).map_err(|e| Error::bad_file(&p, e.to_string()))
+        Self::from_json_or(&v, defaults).map_err(|e| Error::bad_file(&p, e.to_string()))
     }
 
     /// From a parsed `preprocessor_config.json` (missing fields take the processor defaults).
     pub fn from_json(v: &serde_json::Value) -> Result<Self> {
+        Self::from_json_or(v, Self::default())
+    }
+
+    /// From a parsed `preprocessor_config.json`, `d` giving what it does not say.
+    pub fn from_json_or(v: &serde_json::Value, d: Self) -> Result<Self> {
         let bad = |m: String| Error::Config(format!("preprocessor_config: {m}"));
         let flag = |k: &str| v.get(k).and_then(|x| x.as_bool()).unwrap_or(true);
-        let d = Self::default();
         let size = if !flag("do_resize") {
             None
         } else {
@@ -71,12 +81,13 @@ impl SegformerProcessor {
             }
         };
         let filter = match v.get("resample").and_then(|x| x.as_u64()) {
-            None | Some(2) => Filter::Bilinear,
+            None => d.filter,
+            Some(2) => Filter::Bilinear,
             Some(3) => Filter::Bicubic,
             Some(r) => return Err(bad(format!("unsupported resample {r} (2 = bilinear and 3 = bicubic are supported)"))),
         };
         let rescale = if flag("do_rescale") {
-            Some(v.get("rescale_factor").and_then(|x| x.as_f64()).unwrap_or(1.0 / 255.0) as f32)
+            Some(v.get("rescale_factor").and_then(|x| x.as_f64()).map(|r| r as f32).or(d.rescale).unwrap_or(1.0 / 255.0))
         } else {
             None
         };
@@ -95,15 +106,16 @@ impl SegformerProcessor {
             }
         };
         let normalize = if flag("do_normalize") {
-            let std = triple("image_std", IMAGENET_STD)?;
+            let (mean, std) = d.normalize.unwrap_or((IMAGENET_MEAN, IMAGENET_STD));
+            let std = triple("image_std", std)?;
             if std.iter().any(|&s| !(s.is_finite() && s > 0.0)) {
                 return Err(bad(format!("image_std {std:?} must be positive")));
             }
-            Some((triple("image_mean", IMAGENET_MEAN)?, std))
+            Some((triple("image_mean", mean)?, std))
         } else {
             None
         };
-        let pre = SegformerProcessor { size, filter, rescale, normalize };
+        let pre = FixedSizeProcessor { size, filter, rescale, normalize };
         pre.validate()?;
         Ok(pre)
     }
@@ -154,9 +166,9 @@ impl SegformerProcessor {
 }
 
 
-impl ImageProcessor for SegformerProcessor {
+impl ImageProcessor for FixedSizeProcessor {
     fn input_size(&self, h: usize, w: usize) -> (usize, usize) {
-        SegformerProcessor::input_size(self, w as u32, h as u32)
+        FixedSizeProcessor::input_size(self, w as u32, h as u32)
     }
 
     fn pixel_values(&self, img: &RgbImage, device: &Device) -> Result<Tensor> {
