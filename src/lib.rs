@@ -19,6 +19,8 @@ pub mod paths;
 pub mod quantize;
 pub mod runner;
 pub mod tasks;
+pub(crate) mod jpegdec;
+pub(crate) mod tiffio;
 pub mod tiling;
 pub mod train;
 pub mod tensor_io;

@@ -29,15 +29,15 @@ pub struct TiledWork {
 }
 
 /// Whether `stage` runs `path` in tiles: its own `tile` / `overlap` for a model stage, the depth
-/// stage's for edges (which follow their depth map). Only TIFFs are looked at unless a tile is set;
-/// an unreadable header means "not tiled" (decoding then reports the file).
+/// stage's for edges (which follow their depth map). Unless a tile is set, only the header is read
+/// (a large GeoTIFF, or any image beyond the limits, is tiled); an unreadable header means "not
+/// tiled" (decoding then reports the file).
 pub(crate) fn is_tiled(cfg: &Config, stage: StageKind, path: &Path, limits: &ImageLimits) -> bool {
     let req = cfg.tile_request(if stage == StageKind::Edges { StageKind::Depth } else { stage });
-    let tiff_name = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("tif") || e.eq_ignore_ascii_case("tiff"));
     match req.tile {
         Some(0) => false,
         Some(_) => true,
-        None => tiff_name && wants_tiles(path, req, limits).unwrap_or(false),
+        None => wants_tiles(path, req, limits).unwrap_or(false),
     }
 }
 

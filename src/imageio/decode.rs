@@ -48,6 +48,11 @@ pub(crate) fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Re
     if bytes.is_empty() {
         return Err("file is empty".into());
     }
+    if is_tiff_bytes(bytes) {
+        let (w, h) = tiff_size(Cursor::new(bytes))?;
+        check_size(w, h, limits)?;
+        return Ok((w, h));
+    }
     let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("cannot read file: {e}"))?;
     if reader.format().is_none() {
         return Err("not a recognised image format".into());
@@ -61,6 +66,12 @@ pub(crate) fn header_size(bytes: &[u8], limits: &ImageLimits) -> std::result::Re
 pub(crate) fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32, u32)> {
     let bad = |m: String| Error::bad_file(path, m);
     crate::fsutil::check_input_file(path)?;
+    if crate::geotiff::is_tiff(path)? {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let (w, h) = tiff_size(std::io::BufReader::new(file)).map_err(bad)?;
+        check_size(w, h, limits).map_err(bad)?;
+        return Ok((w, h));
+    }
     let reader = ImageReader::open(path).map_err(|e| Error::io(path, e))?.with_guessed_format().map_err(|e| Error::io(path, e))?;
     if reader.format().is_none() {
         return Err(bad("not a recognised image format".into()));
@@ -70,9 +81,24 @@ pub(crate) fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32
     Ok((w, h))
 }
 
+/// Whether `bytes` start with a TIFF or BigTIFF header.
+fn is_tiff_bytes(bytes: &[u8]) -> bool {
+    matches!(bytes.get(..4), Some(b"II*\0" | b"MM\0*" | b"II+\0" | b"MM\0+"))
+}
+
+/// The size a TIFF declares for its first image.
+fn tiff_size(reader: impl std::io::Read + std::io::Seek) -> std::result::Result<(u32, u32), String> {
+    let tiff = |e: tiff::TiffError| format!("cannot read image header: TIFF: {e}");
+    tiff::decoder::Decoder::new(reader).map_err(tiff)?.dimensions().map_err(tiff)
+}
+
 /// Decodes image bytes as 8-bit RGB under the decoder limits; JPEGs in strict mode, so that a
-/// truncated file (baseline or progressive) is an error rather than a grey-filled image.
+/// truncated file (baseline or progressive) is an error rather than a grey-filled image; TIFFs
+/// with edgerun's own TIFF reader ([`crate::tiffio`]), as the tiled path reads them.
 pub(crate) fn decode_bytes(bytes: &[u8], limits: &ImageLimits) -> std::result::Result<RgbImage, String> {
+    if is_tiff_bytes(bytes) {
+        return crate::tiffio::decode_whole(bytes, limits);
+    }
     let mut reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| format!("cannot read file: {e}"))?;
     if reader.format() == Some(ImageFormat::Jpeg) {
         return jpeg::decode_strict(bytes, limits);

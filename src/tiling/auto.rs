@@ -1,6 +1,7 @@
 //! When an input is tiled: `--tile 0` never, `--tile N` always, and by default a GeoTIFF with a
-//! side over [`AUTO_SIDE`] pixels or a TIFF beyond the image limits (which could not be decoded
-//! whole), with the model's default tile and overlap.
+//! side over [`AUTO_SIDE`] pixels or any image beyond the image limits (which could not be decoded
+//! whole: a TIFF is read window by window, a PNG or JPEG by rows), with the model's default tile
+//! and overlap.
 use std::path::Path;
 
 use super::plan::{check_tile, MAX_TILE, MIN_TILE};
@@ -46,13 +47,14 @@ pub fn decide(path: &Path, req: TileRequest, default: (usize, usize), limits: &I
 }
 
 /// Whether `path` is to be tiled under `req` (whatever the model): `--tile 0` never, `--tile N`
-/// always, automatically a large GeoTIFF or a TIFF beyond `limits`; reads at most the TIFF header.
+/// always, automatically a large GeoTIFF or an image beyond `limits`; reads at most the header.
 pub fn wants_tiles(path: &Path, req: TileRequest, limits: &ImageLimits) -> Result<bool> {
     match req.tile {
         Some(t) => Ok(t > 0),
         None => {
             if !is_tiff(path)? {
-                return Ok(false);
+                let (w, h) = super::rows::image_dimensions(path)?;
+                return Ok(check_size(w, h, limits).is_err());
             }
             let (w, h, referenced) = match GeoReference::read(path)? {
                 Some(g) => (g.width, g.height, true),

@@ -8,6 +8,8 @@ pub mod auto;
 pub(crate) mod blend;
 pub mod map;
 pub mod plan;
+pub(crate) mod jpeg_rows;
+pub(crate) mod rows;
 pub mod run;
 pub(crate) mod window_io;
 pub mod writer;
@@ -19,7 +21,8 @@ pub use blend::Output;
 pub use map::TileMap;
 pub use plan::TilePlan;
 pub use run::{run_tiled, tile_file, TiledStats};
-pub use window_io::{open_raster, MemoryRaster, RasterSource, Rect, TiffRaster, Window};
+pub use crate::tiffio::TiffRaster;
+pub use window_io::{open_raster, MemoryRaster, RasterSource, Rect, Window};
 pub use writer::{SampleKind, TiledTiffWriter, WriterOptions};
 
 use crate::error::Result;
