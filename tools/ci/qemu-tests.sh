@@ -71,7 +71,8 @@ SKIP=(
 )
 # Left out unless QEMU_TESTS_ALL=1: everything that spawns the edgerun binary. That is the test
 # executables of whole command-line runs (SKIP_EXES: flags, error messages and exit codes,
-# annotate/tiling/fine-tuning runs over image trees) and a few tests elsewhere (SPAWNING). Their
+# annotate/tiling/fine-tuning runs over image trees, the memory-limit runs that kill and rerun the
+# CLI) and a few tests elsewhere (SPAWNING). Their
 # logic is the same on every target, the native suite runs them all, and CI runs the aarch64
 # binary on the bundled example itself; the kernels, models, gradients and batch invariance, where
 # the targets differ, are tested here. They were ~4 of the suite's ~5 minutes under qemu, and a CI
@@ -80,7 +81,7 @@ SKIP=(
 # multi-threaded guest that forks under qemu-user 7.2. Any executable still running after
 # TIMEOUT seconds is stopped and fails, named, instead of holding CI until its limit.
 ALL=${QEMU_TESTS_ALL:-}
-SKIP_EXES=(annotate annotate_memory annotate_tiling cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli tiling_cli)
+SKIP_EXES=(annotate annotate_memory annotate_tiling cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli memory_limit tiling_cli)
 SPAWNING=(
     cli_depth_writes_confidence_and_sky_mask
     chm_cli_
