@@ -56,6 +56,33 @@ pub(crate) fn read_input(path: &Path, limit: u64) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::io(path, e))
 }
 
+/// Opens an input for reading: a regular file (checked before the open, so a FIFO never blocks it,
+/// and again on the opened file, so a swap in between is caught).
+pub(crate) fn open_input(path: &Path) -> Result<std::fs::File> {
+    check_input_file(path)?;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    if !file.metadata().map_err(|e| Error::io(path, e))?.is_file() {
+        return Err(Error::bad_file(path, "cannot be read as an input: it is not a regular file"));
+    }
+    Ok(file)
+}
+
+/// Opens a state file for reading and appending, created if missing: never through a symbolic link,
+/// never a FIFO, device or directory, never a registered input.
+pub(crate) fn open_append(path: &Path) -> Result<std::fs::File> {
+    check_output_target(path)?;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.is_file() {
+            return Err(Error::bad_file(path, "cannot be appended to: it is not a regular file (a link, FIFO, socket, device or directory)"));
+        }
+    }
+    let file = std::fs::OpenOptions::new().read(true).append(true).create(true).open(path).map_err(|e| Error::io(path, e))?;
+    if !file.metadata().map_err(|e| Error::io(path, e))?.is_file() {
+        return Err(Error::bad_file(path, "cannot be appended to: it is not a regular file"));
+    }
+    Ok(file)
+}
+
 /// [`read_input`] as UTF-8 text.
 pub(crate) fn read_input_text(path: &Path, limit: u64) -> Result<String> {
     String::from_utf8(read_input(path, limit)?).map_err(|_| Error::bad_file(path, "is not UTF-8 text"))

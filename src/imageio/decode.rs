@@ -67,7 +67,7 @@ pub(crate) fn file_header_size(path: &Path, limits: &ImageLimits) -> Result<(u32
     let bad = |m: String| Error::bad_file(path, m);
     crate::fsutil::check_input_file(path)?;
     if crate::geotiff::is_tiff(path)? {
-        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::fsutil::open_input(path)?;
         let (w, h) = tiff_size(std::io::BufReader::new(file)).map_err(bad)?;
         check_size(w, h, limits).map_err(bad)?;
         return Ok((w, h));

@@ -94,7 +94,7 @@ impl Mark {
 pub(crate) fn count_injected_kill() {
     if let Some(p) = count_file() {
         let n = read_count(Some(&p)).unwrap_or(0);
-        let _ = std::fs::write(&p, format!("{}\n", n.saturating_add(1)));
+        let _ = crate::fsutil::write_atomic(&p, format!("{}\n", n.saturating_add(1)).as_bytes());
     }
 }
 

@@ -17,7 +17,7 @@
 //! right after its `begin` is durable (exit status 137, as a kill leaves it), counting a kill for
 //! memory in `EDGERUN_OOM_COUNT_FILE` when that is set.
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -107,7 +107,7 @@ fn inject_kill_above() -> Option<usize> {
 
 /// Opens `path` for appending and locks it.
 fn open_locked(path: &Path) -> Result<File> {
-    let file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_append(path)?;
     if try_lock(&file) == Lock::Busy {
         return Err(Error::Config(format!("{} is locked: another edgerun run is using this output", path.display())));
     }

@@ -31,7 +31,7 @@ impl TiffRaster<BufReader<File>> {
     /// samples can hold).
     pub fn open(path: &Path, nodata: Option<f64>) -> Result<Self> {
         let meta = crate::fsutil::check_input_file(path)?;
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = crate::fsutil::open_input(path)?;
         Self::from_reader(path, BufReader::new(file), meta.len(), nodata)
     }
 }

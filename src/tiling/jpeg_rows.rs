@@ -1,7 +1,6 @@
 //! A JPEG beyond the whole-image limits read by rows through [`crate::jpegdec`] (libjpeg's pixels,
 //! YCbCr converted to RGB as libjpeg does, gray replicated); a progressive JPEG, whose rows are
 //! final only after its last scan, is refused naming the limit it is beyond.
-use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
 
@@ -27,7 +26,7 @@ pub(crate) fn check(path: &Path, beyond: &str, convert: &str) -> Result<()> {
 }
 
 fn open_decoder(path: &Path) -> Result<Opened> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_input(path)?;
     Decoder::open(Box::new(BufReader::new(file)), (MAX_SIDE, MAX_SIDE)).map_err(|m| Error::bad_file(path, format!("JPEG: {m}")))
 }
 

@@ -130,7 +130,7 @@ impl RasterSource for RowRaster {
 
 /// Whether a PNG is interlaced (Adam7), from its header.
 fn png_interlaced(path: &Path) -> Result<bool> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_input(path)?;
     let dec = png::Decoder::new_with_limits(BufReader::new(file), png::Limits { bytes: PNG_ROW_LIMIT });
     let reader = dec.read_info().map_err(|e| Error::bad_file(path, format!("PNG: {e}")))?;
     Ok(reader.info().interlaced)
@@ -143,7 +143,7 @@ struct PngRows {
 }
 
 fn open_png(path: &Path) -> Result<Box<dyn RowDecoder>> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_input(path)?;
     let mut dec = png::Decoder::new_with_limits(BufReader::new(file), png::Limits { bytes: PNG_ROW_LIMIT });
     dec.set_transformations(png::Transformations::EXPAND);
     let reader = dec.read_info().map_err(|e| Error::bad_file(path, format!("PNG: {e}")))?;

@@ -2,7 +2,6 @@
 //! A (Geo)TIFF through [`crate::tiffio::TiffRaster`] (only the strips or tiles the window
 //! intersects); a PNG or JPEG within the image limits decoded whole and served from memory
 //! ([`MemoryRaster`]); one beyond them read by rows ([`super::rows`]).
-use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
@@ -71,7 +70,7 @@ pub fn open_raster(path: &Path, limits: &ImageLimits, nodata: Option<f64>) -> Re
 
 /// The `(width, height)` a TIFF declares for its first image.
 pub(crate) fn tiff_dimensions(path: &Path) -> Result<(u32, u32)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_input(path)?;
     let tiff = |e: tiff::TiffError| Error::bad_file(path, format!("TIFF: {e}"));
     Decoder::new(BufReader::new(file)).map_err(tiff)?.dimensions().map_err(tiff)
 }
