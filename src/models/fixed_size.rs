@@ -8,7 +8,7 @@ use candle_core::{Device, Tensor};
 use image::RgbImage;
 
 use crate::error::{Error, Result};
-use crate::imageio::resample::{resize, Filter};
+use crate::imageio::resample::{resize_with, Filter, Rounding};
 use crate::models::processor::{processor_file, ImageProcessor, Normalization, IMAGENET_MEAN, IMAGENET_STD};
 
 /// SegFormer's input side without a `preprocessor_config.json`.
@@ -21,6 +21,9 @@ pub struct FixedSizeProcessor {
     pub size: Option<(usize, usize)>,
     /// Resampling filter (`resample`: 2 = PIL BILINEAR, 3 = PIL BICUBIC), Pillow-exact.
     pub filter: Filter,
+    /// Whose fixed-point resize it reproduces (Pillow's for the HF processors, torchvision's for
+    /// the original SAM 3 package).
+    pub rounding: Rounding,
     /// Rescale factor (`1/255`), `None` when `do_rescale = false`.
     pub rescale: Option<f32>,
     /// Per-channel mean and std, `None` when `do_normalize = false`.
@@ -32,6 +35,7 @@ impl Default for FixedSizeProcessor {
         FixedSizeProcessor {
             size: Some((DEFAULT_SIDE, DEFAULT_SIDE)),
             filter: Filter::Bilinear,
+            rounding: Rounding::Pillow,
             rescale: Some(1.0 / 255.0),
             normalize: Some((IMAGENET_MEAN, IMAGENET_STD)),
         }
@@ -115,7 +119,7 @@ impl FixedSizeProcessor {
         } else {
             None
         };
-        let pre = FixedSizeProcessor { size, filter, rescale, normalize };
+        let pre = FixedSizeProcessor { size, filter, rounding: d.rounding, rescale, normalize };
         pre.validate()?;
         Ok(pre)
     }
@@ -146,7 +150,7 @@ impl FixedSizeProcessor {
         let n = crate::config_check::input_elements(h, w, 3)?;
         let resized;
         let img = if (h, w) != (img.height() as usize, img.width() as usize) {
-            resized = resize(img, w as u32, h as u32, self.filter);
+            resized = resize_with(img, w as u32, h as u32, self.filter, self.rounding);
             &resized
         } else {
             img

@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod chm;
 pub mod depth;
+pub mod open_vocab;
 pub mod segment;
 pub mod tiles;
 

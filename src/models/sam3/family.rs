@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{Config, Sam3, PROMPT_BATCH};
 use crate::error::{Error, Result};
-use crate::imageio::resample::Filter;
+use crate::imageio::resample::{Filter, Rounding};
 use crate::models::family::{DepthOutputs, Family, GgufExtras};
 use crate::models::fixed_size::FixedSizeProcessor;
 use crate::models::footprint::ModelEstimate;
@@ -21,9 +21,10 @@ use crate::weights::{Vb, WeightStore};
 /// The SAM 3 family.
 pub struct Sam3Family;
 
-/// SAM 3's processor defaults (`Sam3ImageProcessor`): `side`², bilinear, 1/255, mean and std 0.5.
+/// SAM 3's processor defaults (the original `Sam3Processor`: torchvision's antialiased bilinear
+/// resize of the uint8 image to `side`², 1/255, mean and std 0.5).
 pub(crate) fn processor_defaults(side: usize) -> FixedSizeProcessor {
-    FixedSizeProcessor { size: Some((side, side)), filter: Filter::Bilinear, rescale: Some(1.0 / 255.0), normalize: Some(([0.5; 3], [0.5; 3])) }
+    FixedSizeProcessor { size: Some((side, side)), filter: Filter::Bilinear, rounding: Rounding::Torch, rescale: Some(1.0 / 255.0), normalize: Some(([0.5; 3], [0.5; 3])) }
 }
 
 impl Family for Sam3Family {

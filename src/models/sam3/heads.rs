@@ -76,8 +76,8 @@ pub(crate) struct MaskDecoder {
 
 /// Masks and semantic map of some prompts.
 pub(crate) struct Masks {
-    /// `[P, Q, H, W]` at the ×4 level.
-    pub(crate) instances: Tensor,
+    /// `[P, Q, H, W]` at the ×4 level (`[P, K, H, W]` for `K` chosen queries; `None` for none).
+    pub(crate) instances: Option<Tensor>,
     /// `[P, 1, H, W]`.
     pub(crate) semantic: Tensor,
 }
@@ -110,8 +110,8 @@ impl MaskDecoder {
 
     /// The masks of queries `[P, Q, D]` from the encoded image `[P, N, D]` (an `h × w` grid), the
     /// finer FPN levels `[1, D, ·, ·]` (finest first) and the prompts `[P, L, D]` with their padding
-    /// bias.
-    pub(crate) fn forward(&self, queries: &Tensor, memory: &Tensor, (h, w): (usize, usize), finer: &[Tensor], prompt: &Tensor, prompt_bias: &Tensor) -> Result<Masks> {
+    /// bias; instance masks for the queries `keep` (u32 indices) lists, or all of them.
+    pub(crate) fn forward(&self, queries: &Tensor, memory: &Tensor, (h, w): (usize, usize), finer: &[Tensor], prompt: &Tensor, prompt_bias: &Tensor, keep: Option<&Tensor>) -> Result<Masks> {
         let (p, _, d) = memory.dims3()?;
         let attended = (memory + self.cross_attn.forward(&norm(&self.cross_norm, memory)?, prompt, prompt, Some(prompt_bias))?)?;
         let mut x = attended.transpose(1, 2)?.reshape((p, d, h, w))?;
@@ -124,12 +124,22 @@ impl MaskDecoder {
             x = self.norms[i].forward(&conv, true)?;
         }
         let (_, _, oh, ow) = x.dims4()?;
+        let queries = match keep {
+            Some(k) if k.dim(0)? == 0 => None,
+            Some(k) => Some(queries.index_select(k, 1)?),
+            None => Some(queries.clone()),
+        };
         // masks = E (W x + b) taken as (E W) x + E b: the same sum in another order, without the
         // projected map (81 MiB at 288²) and with a fifth of the products.
-        let embed = self.mask_embed.forward(queries)?;
-        let (w, b) = &self.instance;
-        let (ew, eb) = (embed.broadcast_matmul(w)?, embed.broadcast_matmul(b)?);
-        let instances = ew.matmul(&x.reshape((p, d, oh * ow))?)?.broadcast_add(&eb)?.reshape((p, embed.dim(1)?, oh, ow))?;
+        let instances = match queries {
+            Some(queries) => {
+                let embed = self.mask_embed.forward(&queries)?;
+                let (w, b) = &self.instance;
+                let (ew, eb) = (embed.broadcast_matmul(w)?, embed.broadcast_matmul(b)?);
+                Some(ew.matmul(&x.reshape((p, d, oh * ow))?)?.broadcast_add(&eb)?.reshape((p, embed.dim(1)?, oh, ow))?)
+            }
+            None => None,
+        };
         let semantic = self.semantic.forward(&x)?;
         Ok(Masks { instances, semantic })
     }

@@ -15,6 +15,7 @@ mod geometry;
 mod heads;
 mod neck;
 pub mod prompts;
+mod semantic;
 mod text;
 pub mod tokenizer;
 mod unicode_classes;
@@ -29,6 +30,7 @@ use crate::tensor_io::{CollectSink, OutputSink};
 use crate::weights::Vb;
 pub use config::Config;
 pub use family::Sam3Family;
+pub use semantic::{sigmoid, PromptMaps};
 use attention::padding_bias;
 use detr_decoder::DetrDecoder;
 use detr_encoder::DetrEncoder;
@@ -126,8 +128,27 @@ impl Grounding {
     }
 }
 
-/// Where grounding hands one prompt's output: `(name, prompt index, [1, …])`.
-type Emit<'a> = dyn FnMut(&str, usize, &Tensor) -> Result<()> + 'a;
+/// Where grounding hands each prompt's outputs, and which of its queries get instance masks.
+trait PromptSink {
+    /// The queries (u32 indices `[K]`) whose masks to make, from the prompt's query logits `[1, Q]`
+    /// and presence logit `[1, 1]`; `None`: every query.
+    fn select(&mut self, _logits: &Tensor, _presence: &Tensor) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    /// Takes one prompt's output `(name, prompt index, [1, …])` (names as [`Grounding`]'s fields;
+    /// `pred_masks` holds the selected queries' masks and is not handed over when none is).
+    fn emit(&mut self, name: &str, row: usize, t: &Tensor) -> Result<()>;
+}
+
+/// Every query's outputs, each handed to a closure.
+struct AllQueries<F>(F);
+
+impl<F: FnMut(&str, usize, &Tensor) -> Result<()>> PromptSink for AllQueries<F> {
+    fn emit(&mut self, name: &str, row: usize, t: &Tensor) -> Result<()> {
+        (self.0)(name, row, t)
+    }
+}
 
 /// SAM 3 for grounding text prompts in images.
 pub struct Sam3 {
@@ -311,25 +332,24 @@ impl Sam3 {
             presence_logits: Tensor::zeros((p, 1), dtype, dev)?,
             semantic_seg: Tensor::zeros((p, 1, mh, mw), dtype, dev)?,
         };
-        self.ground_each(image, prompts, &mut |name, row, t| Ok(out.output(name)?.slice_set(&t.contiguous()?, 0, row)?))?;
+        self.ground_each(image, prompts, &mut AllQueries(|name: &str, row, t: &Tensor| Ok(out.output(name)?.slice_set(&t.contiguous()?, 0, row)?)))?;
         Ok(out)
     }
 
-    /// Grounds `prompts` in one image, handing each prompt's outputs to `emit(name, prompt, [1, …])`
-    /// as they are made (names as [`Grounding`]'s fields).
-    fn ground_each(&self, image: &ImageFeatures, prompts: &PromptFeatures, emit: &mut Emit) -> Result<()> {
+    /// Grounds `prompts` in one image, handing each prompt's outputs to `sink` as they are made.
+    fn ground_each(&self, image: &ImageFeatures, prompts: &PromptFeatures, sink: &mut dyn PromptSink) -> Result<()> {
         let p = prompts.len();
         let mut start = 0;
         while start < p {
             let len = PROMPT_BATCH.min(p - start);
-            self.ground_batch(image, &prompts.narrow(start, len)?, start, emit)?;
+            self.ground_batch(image, &prompts.narrow(start, len)?, start, sink)?;
             start += len;
         }
         Ok(())
     }
 
-    /// Grounds a batch of prompts, handing their outputs to `emit` as prompts `at..`.
-    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures, at: usize, emit: &mut Emit) -> Result<()> {
+    /// Grounds a batch of prompts, handing their outputs to `sink` as prompts `at..`.
+    fn ground_batch(&self, image: &ImageFeatures, prompts: &PromptFeatures, at: usize, sink: &mut dyn PromptSink) -> Result<()> {
         let dtype = self.pos.dtype();
         let p = prompts.len();
         let d = self.config.width();
@@ -357,13 +377,16 @@ impl Sam3 {
             let decoded = self.detr_decoder.forward(&memory, &self.pos, (g, g), &prompt, &bias)?;
             drop(span);
             let logits = self.scoring.logits(&decoded.queries, &self.scoring.prompt_vector(&prompt, &mask)?)?;
-            emit("pred_logits", at + i, &logits)?;
-            emit("pred_boxes", at + i, &cxcywh_to_xyxy(&decoded.boxes)?)?;
-            emit("presence_logits", at + i, &decoded.presence)?;
+            sink.emit("pred_logits", at + i, &logits)?;
+            sink.emit("pred_boxes", at + i, &cxcywh_to_xyxy(&decoded.boxes)?)?;
+            sink.emit("presence_logits", at + i, &decoded.presence)?;
+            let keep = sink.select(&logits, &decoded.presence)?;
             let _span = Span::new("sam3.mask_decoder");
-            let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], &prompt, &bias)?;
-            emit("pred_masks", at + i, &m.instances)?;
-            emit("semantic_seg", at + i, &m.semantic)?;
+            let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], &prompt, &bias, keep.as_ref())?;
+            if let Some(instances) = &m.instances {
+                sink.emit("pred_masks", at + i, instances)?;
+            }
+            sink.emit("semantic_seg", at + i, &m.semantic)?;
         }
         Ok(())
     }
@@ -426,7 +449,7 @@ impl Model for Sam3 {
             for (i, l) in image.levels.iter().enumerate() {
                 sink.write(&format!("fpn_{i}"), b, l)?;
             }
-            self.ground_each(&image, &prompts, &mut |name, row, t| sink.write(name, b * p + row, t))?;
+            self.ground_each(&image, &prompts, &mut AllQueries(|name: &str, row, t: &Tensor| sink.write(name, b * p + row, t)))?;
         }
         sink.write(&format!("fpn_pos_{}", LEVELS - 1), 0, &self.position_map()?)?;
         sink.write("text_features", 0, &prompts.features)
