@@ -91,7 +91,7 @@ fn one_tile_equals_untiled_chm_depth_and_segmentation() {
     let want = map.apply(&seg.segment(&[&img]).unwrap()[0]).unwrap();
     let dest = dir.path().join("seg.tif");
     let mut src = MemoryRaster { path: "mem.png".into(), image: img.clone() };
-    run_tiled(&mut src, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &dest, None, &opts, &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
+    run_tiled(&mut src, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None, floor: None }, &dest, None, &opts, &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
     assert_eq!(read_u8(&dest), want, "segmentation");
 }
 
@@ -254,7 +254,7 @@ fn georeferencing_and_nodata_survive_tiling() {
     seg.set_input_size(Some((32, 32)));
     let map = ClassMap::identity(seg.labels()).unwrap();
     let dest = dir.path().join("scene.seg.tif");
-    tile_file(&src, &dest, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None }, &opts, &Default::default(), &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
+    tile_file(&src, &dest, &SegTiles { seg: &seg }, &Output::Classes { lut: map.lut.clone(), description: None, floor: None }, &opts, &Default::default(), &mut ItemRunner::fixed(1), &mut |_| {}, &mut |_, _| {}).unwrap();
     let back = GeoReference::read(&dest).unwrap().unwrap();
     assert_eq!(back.nodata_text().as_deref(), Some("255"));
     assert_eq!(back.pixel_scale(), geo.pixel_scale());

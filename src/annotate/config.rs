@@ -151,9 +151,29 @@ pub struct ModelStage {
     /// Also write a PNG visualisation `<name>.viz.png`.
     #[serde(default)]
     pub visualize: bool,
-    /// Segmentation: a class-map TOML (checkpoint labels → project classes); empty = the checkpoint's.
+    /// Segmentation: a class-map TOML (`.toml`: checkpoint labels → project classes), or a class
+    /// list (any other file: one class per line, synonyms comma-separated) for a SAM 3 model (and a
+    /// SegFormer fallback maps its labels onto it by name); empty = the checkpoint's.
     #[serde(default)]
     pub classes: String,
+    /// Segmentation, SAM 3: the classes inline (`;` between classes, `,` between synonyms).
+    #[serde(default)]
+    pub prompts: String,
+    /// Segmentation, SAM 3: a SegEarth-OV-3 dataset setting (`edgerun segment --preset`).
+    #[serde(default)]
+    pub preset: String,
+    /// Segmentation, SAM 3: query score threshold (`--conf`).
+    #[serde(default)]
+    pub conf: Option<f32>,
+    /// Segmentation, SAM 3: class score threshold (`--prob-thd`).
+    #[serde(default)]
+    pub prob_thd: Option<f32>,
+    /// Segmentation, SAM 3: class of pixels below `prob_thd` (`--bg-idx`).
+    #[serde(default)]
+    pub bg_idx: Option<u8>,
+    /// Segmentation, SAM 3: sliding window `[crop, stride]` (`--slide`; a crop of 0 turns it off).
+    #[serde(default)]
+    pub slide: Option<[usize; 2]>,
     /// Segmentation: network input size `[height, width]`; empty = the model's preprocessor config.
     #[serde(default)]
     pub input_size: Vec<usize>,
@@ -322,6 +342,12 @@ fn model_stage(model: &str) -> ModelStage {
         format: FloatFormat::F16,
         visualize: false,
         classes: String::new(),
+        prompts: String::new(),
+        preset: String::new(),
+        conf: None,
+        prob_thd: None,
+        bg_idx: None,
+        slide: None,
         input_size: vec![],
         geotiff: true,
         head_dtype: None,
@@ -456,7 +482,16 @@ visualize = false
 model = "models/segformer-b0"
 fallback = []
 # Class map (TOML) from checkpoint labels onto project classes; "" keeps the checkpoint's classes.
+# With a SAM 3 model (open-vocabulary, SegEarth-OV-3), a class list instead: a file of one class per
+# line with comma-separated synonyms, or inline prompts, or a preset; a SegFormer fallback then maps
+# its labels onto those classes by name (others: bg_idx), so every output shares one class table.
 classes = ""
+# prompts = "background;building,roof,house;tree,forest;water,river;road"
+# preset = "openearthmap"   # openearthmap, loveda, isaid, potsdam, vaihingen, uavid, udd5, vdd
+# conf = 0.5          # a query counts when its score exceeds this
+# prob_thd = 0.0      # pixels whose best class score is below this take bg_idx
+# bg_idx = 0
+# slide = [512, 512]  # sliding window [crop, stride] on images larger than the crop
 # Network input size [height, width]; [] uses the model's preprocessor_config.json.
 input_size = []
 visualize = false     # also write a palette <name>.viz.png
@@ -563,6 +598,37 @@ impl Config {
         }
     }
 
+    /// The open-vocabulary classes and thresholds of `[segmentation]` (a `.toml` `classes` is a
+    /// SegFormer class map, not a class list).
+    pub(crate) fn segmentation_classes(&self) -> crate::tasks::open_vocab::OpenVocabSpec {
+        let s = &self.segmentation;
+        let nonempty = |v: &str| (!v.trim().is_empty()).then(|| v.to_string());
+        let list = nonempty(&s.classes).filter(|c| !c.trim().to_ascii_lowercase().ends_with(".toml"));
+        crate::tasks::open_vocab::OpenVocabSpec {
+            classes: list.map(|c| self.resolve(&c)),
+            prompts: nonempty(&s.prompts),
+            preset: nonempty(&s.preset),
+            conf: s.conf,
+            prob_thd: s.prob_thd,
+            bg_idx: s.bg_idx,
+            slide: s.slide.map(|[crop, stride]| (crop > 0).then_some(crate::tasks::open_vocab::Slide { crop, stride })),
+        }
+    }
+
+    /// What of the open-vocabulary keys can be checked before a model and class file are read.
+    fn check_open_vocab(&self) -> std::result::Result<(), String> {
+        use crate::tasks::open_vocab::{presets, Params, DEFAULT_CONF, DEFAULT_PROB_THD};
+        let ov = self.segmentation_classes();
+        if ov.classes.is_some() && ov.prompts.is_some() {
+            return Err("give `classes` (a class list) or `prompts`, not both".into());
+        }
+        if let Some(p) = ov.preset.as_deref().filter(|p| presets::preset(p).is_none()) {
+            return Err(format!("preset `{p}` is not one of {}", presets::preset_names()));
+        }
+        let params = Params { conf: ov.conf.unwrap_or(DEFAULT_CONF), prob_thd: ov.prob_thd.unwrap_or(DEFAULT_PROB_THD), bg_idx: 0, slide: ov.slide.flatten() };
+        params.validate(crate::tasks::segment::MAX_UINT8_CLASSES)
+    }
+
     /// The primary model and fallbacks of a model stage, in the order they are tried.
     pub(crate) fn model_chain(&self, k: StageKind) -> Result<Vec<ModelSpec>> {
         let s = self.model_stage(k).ok_or_else(|| Error::Config(format!("{} has no model", k.name())))?;
@@ -648,6 +714,7 @@ impl Config {
             }
             _ => return bad("[segmentation] input_size must be [] or [height, width]".into()),
         }
+        self.check_open_vocab().map_err(|m| Error::Config(format!("[segmentation] {m}")))?;
         crate::device::parse_dtype(&self.dtype).map_err(|e| Error::Config(e.to_string()))?;
         for k in [StageKind::Depth, StageKind::Segmentation, StageKind::Chm] {
             if let Some(s) = self.model_stage(k) {

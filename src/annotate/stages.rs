@@ -18,7 +18,8 @@ use crate::tasks::segment::{ClassMap, Segmenter};
 use crate::models::chmv2::Precision;
 use crate::tasks::chm::ChmEstimator;
 use crate::tasks::depth::DepthEstimator;
-use crate::tasks::tiles::{depth_default, seg_default, ChmTiles, DepthTiles, SegTiles, CHM_DEFAULT};
+use crate::tasks::open_vocab::{open_sam3, OpenVocabSegmenter};
+use crate::tasks::tiles::{depth_default, open_vocab_default, seg_default, ChmTiles, DepthTiles, OpenVocabTiles, SegTiles, CHM_DEFAULT};
 use crate::tiling::{Output, TileModel};
 
 /// The class names, palette and PNG metadata of a segmentation model's output.
@@ -139,7 +140,7 @@ struct SegStage {
 
 impl Stage for SegStage {
     fn tiling(&self) -> Tiling<'_> {
-        let output = Output::Classes { lut: self.classes.map.lut.clone(), description: Some(self.classes.metadata.clone()) };
+        let output = Output::Classes { lut: self.classes.map.lut.clone(), description: Some(self.classes.metadata.clone()), floor: None };
         Tiling { model: Box::new(SegTiles { seg: &self.seg }), output, default: seg_default(&self.seg) }
     }
     fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
@@ -154,6 +155,35 @@ impl Stage for SegStage {
                     ids: self.classes.map.apply(&ids)?,
                     classes: self.classes.clone(),
                 })
+            })
+            .collect()
+    }
+    fn activation_bytes(&self, image: &RgbImage) -> Option<u64> {
+        self.seg.activation_bytes(image)
+    }
+    fn device(&self) -> &Device {
+        self.seg.device()
+    }
+}
+
+/// SAM 3 as an open-vocabulary segmenter (SegEarth-OV-3) of the configured classes.
+struct OpenVocabStage {
+    seg: OpenVocabSegmenter,
+    classes: Arc<ClassInfo>,
+}
+
+impl Stage for OpenVocabStage {
+    fn tiling(&self) -> Tiling<'_> {
+        let p = self.seg.params();
+        let output = Output::Classes { lut: self.classes.map.lut.clone(), description: Some(self.classes.metadata.clone()), floor: Some((p.prob_thd, p.bg_idx)) };
+        Tiling { model: Box::new(OpenVocabTiles { seg: &self.seg }), output, default: open_vocab_default(&self.seg) }
+    }
+    fn predict(&self, images: &[&RgbImage]) -> Result<Vec<Prediction>> {
+        images
+            .iter()
+            .map(|im| {
+                let (ids, _) = self.seg.segment(im)?;
+                Ok(Prediction::Classes { height: im.height() as usize, width: im.width() as usize, ids, classes: self.classes.clone() })
             })
             .collect()
     }
@@ -191,11 +221,21 @@ pub(crate) fn load_stage(kind: StageKind, spec: &ModelSpec, cfg: &Config, device
     match kind {
         StageKind::Depth => Ok(Box::new(DepthStage(DepthEstimator::load(&spec.path, &device, dtype)?))),
         StageKind::Segmentation => {
+            let open_vocab = cfg.segmentation_classes();
+            if let Some(ckpt) = open_sam3(&spec.path)? {
+                let (classes, params) = open_vocab.resolve(Some(ckpt.store()))?;
+                let seg = OpenVocabSegmenter::load(&ckpt, &device, dtype, classes, params)?;
+                let (map, metadata) = (ClassMap::identity(&seg.classes().names())?, seg.metadata_json());
+                return Ok(Box::new(OpenVocabStage { seg, classes: Arc::new(ClassInfo { map, metadata }) }));
+            }
             let mut seg = Segmenter::load(&spec.path, &device, dtype)?;
             if let [h, w] = cfg.segmentation.input_size[..] {
                 seg.set_input_size(Some((h, w)));
             }
-            let map = if cfg.segmentation.classes.trim().is_empty() {
+            let map = if open_vocab.names_classes() {
+                let (classes, params) = open_vocab.resolve(None)?;
+                ClassMap::by_synonyms(seg.labels(), &classes.classes, params.bg_idx)?
+            } else if cfg.segmentation.classes.trim().is_empty() {
                 ClassMap::identity(seg.labels())?
             } else {
                 ClassMap::load(&cfg.resolve(&cfg.segmentation.classes), seg.labels())?

@@ -12,6 +12,7 @@ mod lgatr;
 mod quantize;
 mod run_inputs;
 mod segment;
+mod segment_open;
 mod tiled;
 
 pub use common::is_broken_pipe;

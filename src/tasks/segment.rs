@@ -139,6 +139,26 @@ impl ClassMap {
         })
     }
 
+    /// Maps `checkpoint_labels` by name onto open-vocabulary `classes` (each a list of synonyms): a
+    /// label equal to a synonym (trimmed, case-insensitive) takes that class, the first that has
+    /// it; any other label takes `other` (a class id, or 255 for no data). So a closed-set model
+    /// standing in for an open-vocabulary one writes the same class table.
+    pub fn by_synonyms(checkpoint_labels: &[String], classes: &[Vec<String>], other: u8) -> Result<Self> {
+        let n = classes.len();
+        if n == 0 || n > MAX_UINT8_CLASSES || (other as usize >= n && other != 255) {
+            return Err(Error::Config(format!("{n} classes with the others in class {other}: uint8 masks hold ids 0-254 (255 = ignore)")));
+        }
+        let same = |a: &str, b: &str| a.trim().eq_ignore_ascii_case(b.trim());
+        let lut = checkpoint_labels.iter().map(|l| classes.iter().position(|syn| syn.iter().any(|s| same(s, l))).map_or(other, |c| c as u8)).collect();
+        Ok(ClassMap {
+            names: classes.iter().map(|s| s[0].clone()).collect(),
+            colors: default_palette(n),
+            lut,
+            remapped: true,
+            checkpoint_labels: checkpoint_labels.to_vec(),
+        })
+    }
+
     /// Reads a class-map TOML file for a checkpoint with `checkpoint_labels` (its `id2label`).
     pub fn load(path: &Path, checkpoint_labels: &[String]) -> Result<Self> {
         let text = crate::fsutil::read_input_text(path, crate::fsutil::MAX_TEXT_INPUT)?;

@@ -1,12 +1,13 @@
 //! The tasks as [`TileModel`]s for large rasters, and their default tile sizes (the model's working
 //! size, so that tiles are not resized): canopy height (metres, blended directly), depth (relative
 //! depth aligned by scale and shift, metric blended directly) and segmentation (logits blended,
-//! then argmax).
+//! then argmax; open-vocabulary class scores blended, then the thresholded argmax).
 use candle_core::{DType, Device};
 use image::RgbImage;
 
 use super::chm::ChmEstimator;
 use super::depth::DepthEstimator;
+use super::open_vocab::OpenVocabSegmenter;
 use super::segment::Segmenter;
 use crate::error::{Error, Result};
 use crate::models::chmv2::processor::WORKING_SIZE as CHM_TILE;
@@ -120,5 +121,41 @@ impl TileModel for SegTiles<'_> {
 pub fn seg_default(seg: &Segmenter) -> (usize, usize) {
     let tile = seg.processor().working_size();
     // A small network input (`--size 64x64`) gets a proportionally small overlap.
+    (tile, SEG_OVERLAP.min(tile / 4))
+}
+
+/// Open-vocabulary class scores per tile (blended across tiles, then thresholded).
+pub struct OpenVocabTiles<'a> {
+    /// The segmenter.
+    pub seg: &'a OpenVocabSegmenter,
+}
+
+impl TileModel for OpenVocabTiles<'_> {
+    fn channels(&self) -> usize {
+        self.seg.classes().len()
+    }
+
+    fn combine(&self) -> Combine {
+        Combine::Direct
+    }
+
+    fn predict(&self, tiles: &[&RgbImage], _labels: &[String]) -> Result<Vec<TileMap>> {
+        tiles
+            .iter()
+            .map(|img| {
+                let s = self.seg.scores(img)?;
+                Ok(TileMap::Dense { channels: s.classes, height: s.height, width: s.width, values: s.values })
+            })
+            .collect()
+    }
+
+    fn device(&self) -> Option<&Device> {
+        Some(self.seg.device())
+    }
+}
+
+/// The default `(tile, overlap)` of an open-vocabulary segmenter: its view size.
+pub fn open_vocab_default(seg: &OpenVocabSegmenter) -> (usize, usize) {
+    let tile = seg.input_side();
     (tile, SEG_OVERLAP.min(tile / 4))
 }

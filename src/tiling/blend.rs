@@ -23,6 +23,9 @@ pub enum Output {
         lut: Vec<u8>,
         /// Text for the TIFF ImageDescription (e.g. the class table as JSON).
         description: Option<String>,
+        /// `(threshold, id)`: a pixel whose best blended score is below the threshold takes this
+        /// output id (open-vocabulary segmentation's `prob_thd` and `bg_idx`).
+        floor: Option<(f32, u8)>,
     },
 }
 
@@ -128,7 +131,7 @@ impl RowBlender {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
             }
-            Output::Classes { lut, .. } => {
+            Output::Classes { lut, floor, .. } => {
                 for x in 0..self.width {
                     if masked(x) {
                         out.push(CLASS_NODATA);
@@ -148,7 +151,10 @@ impl RowBlender {
                         }
                     }
                     let id = lut.get(arg).copied().ok_or_else(|| Error::Input(format!("class {arg} is outside the class map")))?;
-                    out.push(id);
+                    out.push(match floor {
+                        Some((threshold, below)) if best / self.wsum[x] < *threshold => *below,
+                        _ => id,
+                    });
                 }
             }
         }

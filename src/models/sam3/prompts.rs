@@ -56,6 +56,22 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<String>> {
     parse_prompts(&text).map_err(|m| Error::bad_file(path, m))
 }
 
+/// The prompts whose features `store` holds (none for a file without them), in row order.
+pub fn stored_prompt_names(store: &WeightStore) -> Result<Vec<String>> {
+    if !store.contains(FEATURES) {
+        return Ok(Vec::new());
+    }
+    let bad = |m: String| Error::bad_file(store.root(), m);
+    let names: Vec<String> = match store.metadata().get(NAMES) {
+        Some(MetaValue::Array(a)) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(format!("`{NAMES}` holds a non-string")))).collect::<Result<_>>()?,
+        _ => return Err(bad(format!("`{FEATURES}` without the prompts' names (`{NAMES}`)"))),
+    };
+    if names.is_empty() || names.len() > MAX_PROMPTS {
+        return Err(bad(format!("{} stored prompts; 1 to {MAX_PROMPTS} are read", names.len())));
+    }
+    Ok(names)
+}
+
 /// Prompt features read back from a GGUF.
 pub(crate) struct StoredPrompts {
     pub(crate) names: Vec<String>,
@@ -70,14 +86,8 @@ impl StoredPrompts {
             return Ok(None);
         }
         let bad = |m: String| Error::bad_file(store.root(), m);
-        let names: Vec<String> = match store.metadata().get(NAMES) {
-            Some(MetaValue::Array(a)) => a.iter().map(|v| v.as_str().map(str::to_string).ok_or_else(|| bad(format!("`{NAMES}` holds a non-string")))).collect::<Result<_>>()?,
-            _ => return Err(bad(format!("`{FEATURES}` without the prompts' names (`{NAMES}`)"))),
-        };
+        let names = stored_prompt_names(store)?;
         let p = names.len();
-        if p == 0 || p > MAX_PROMPTS {
-            return Err(bad(format!("{p} stored prompts; 1 to {MAX_PROMPTS} are read")));
-        }
         let features = vb.get((p, context, width), FEATURES)?;
         let mask = vb.get((p, context), MASK)?.to_dtype(DType::F32)?;
         let rows = mask.to_device(&Device::Cpu)?.to_vec2::<f32>()?;

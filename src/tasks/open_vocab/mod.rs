@@ -7,6 +7,7 @@
 pub mod classes;
 pub mod presets;
 pub mod scores;
+pub mod spec;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::models::Checkpoint;
 use crate::weights::Vb;
 pub use classes::ClassList;
 pub use scores::ClassScores;
+pub use spec::{parse_slide, OpenVocabSpec};
 
 /// The official defaults: `confidence_threshold`, `prob_thd`, `bg_idx`.
 pub const DEFAULT_CONF: f32 = 0.5;
@@ -203,7 +205,22 @@ impl OpenVocabSegmenter {
         Ok(class_scores)
     }
 
-    /// The class map of `image` and, when asked, its per-class scores.
+    /// The class table written beside a class map: names, each class's prompts, the parameters.
+    pub fn metadata_json(&self) -> String {
+        serde_json::json!({
+            "classes": self.classes.names(),
+            "ignore_index": NO_DATA_CLASS,
+            "method": "SegEarth-OV-3 (SAM 3)",
+            "prompts": self.classes.classes,
+            "conf": self.params.conf,
+            "prob_thd": self.params.prob_thd,
+            "bg_idx": self.params.bg_idx,
+            "slide": self.params.slide.map(|s| [s.crop, s.stride]),
+        })
+        .to_string()
+    }
+
+    /// The class map of `image` and its per-class scores.
     pub fn segment(&self, image: &RgbImage) -> Result<(Vec<u8>, ClassScores)> {
         let s = self.scores(image)?;
         Ok((scores::classify(&s, self.params.prob_thd, self.params.bg_idx), s))
