@@ -111,7 +111,7 @@ impl MaskDecoder {
     /// The masks of queries `[P, Q, D]` from the encoded image `[P, N, D]` (an `h × w` grid), the
     /// finer FPN levels `[1, D, ·, ·]` (finest first) and the prompts `[P, L, D]` with their padding
     /// bias; instance masks for the queries `keep` (u32 indices) lists, or all of them.
-    pub(crate) fn forward(&self, queries: &Tensor, memory: &Tensor, (h, w): (usize, usize), finer: &[Tensor], prompt: &Tensor, prompt_bias: &Tensor, keep: Option<&Tensor>) -> Result<Masks> {
+    pub(crate) fn forward(&self, queries: &Tensor, memory: &Tensor, (h, w): (usize, usize), finer: &[Tensor], (prompt, prompt_bias): (&Tensor, &Tensor), keep: Option<&Tensor>) -> Result<Masks> {
         let (p, _, d) = memory.dims3()?;
         let attended = (memory + self.cross_attn.forward(&norm(&self.cross_norm, memory)?, prompt, prompt, Some(prompt_bias))?)?;
         let mut x = attended.transpose(1, 2)?.reshape((p, d, h, w))?;

@@ -382,7 +382,7 @@ impl Sam3 {
             sink.emit("presence_logits", at + i, &decoded.presence)?;
             let keep = sink.select(&logits, &decoded.presence)?;
             let _span = Span::new("sam3.mask_decoder");
-            let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], &prompt, &bias, keep.as_ref())?;
+            let m = self.mask_decoder.forward(&decoded.queries, &memory, (g, g), &image.levels[..LEVELS - 1], (&prompt, &bias), keep.as_ref())?;
             if let Some(instances) = &m.instances {
                 sink.emit("pred_masks", at + i, instances)?;
             }
