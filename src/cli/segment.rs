@@ -11,7 +11,7 @@ use anyhow::Context;
 use argh::FromArgs;
 use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
 use edgerun::runner::BatchSetting;
-use edgerun::inputs::{collect_inputs, IMAGE_SUFFIXES};
+use edgerun::inputs::{collect_inputs, InputItem, IMAGE_SUFFIXES};
 use edgerun::tasks::open_vocab::open_sam3;
 use edgerun::tasks::segment::{ClassMap, Segmenter};
 use edgerun::tasks::tiles::{seg_default, SegTiles};
@@ -154,14 +154,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }
                 (Loaded::Image(_), None) => anyhow::bail!("no classes for an image (a bug)"),
             };
-            let (w, h) = img.dimensions();
-            let out = map.apply(&ids)?;
-            let text = [("Software", "edgerun segment"), ("edgerun:model", model_name.as_str()), ("edgerun:classes", meta.as_str())];
-            write_png_gray8(&output_path(&a.out, it, ".seg.png")?, w, h, &out, &text)?;
-            if a.palette {
-                write_png_rgb8(&output_path(&a.out, it, ".seg.color.png")?, w, h, &map.colorize(&out))?;
-            }
-            Ok(())
+            write_class_map(&a.out, it, img.dimensions(), &map.apply(&ids)?, (&model_name, &meta), a.palette.then_some(&map))
         },
     )
+}
+
+/// Writes an item's `<stem>.seg.png` (class ids, with the model and class table in its metadata)
+/// and, given a palette's map, `<stem>.seg.color.png`.
+pub(super) fn write_class_map(out: &std::path::Path, it: &InputItem, (w, h): (u32, u32), ids: &[u8], (model, meta): (&str, &str), palette: Option<&ClassMap>) -> anyhow::Result<()> {
+    let text = [("Software", "edgerun segment"), ("edgerun:model", model), ("edgerun:classes", meta)];
+    write_png_gray8(&output_path(out, it, ".seg.png")?, w, h, ids, &text)?;
+    if let Some(map) = palette {
+        write_png_rgb8(&output_path(out, it, ".seg.color.png")?, w, h, &map.colorize(ids))?;
+    }
+    Ok(())
 }

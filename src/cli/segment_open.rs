@@ -4,7 +4,7 @@
 use anyhow::Context;
 use candle_core::{DType, Device};
 use edgerun::imageio::npy::write_npy_f16;
-use edgerun::imageio::{write_png_gray8, write_png_rgb8, ImageLimits};
+use edgerun::imageio::ImageLimits;
 use edgerun::inputs::InputItem;
 use edgerun::models::Checkpoint;
 use edgerun::progress::Mode;
@@ -15,7 +15,7 @@ use edgerun::tiling::Output;
 
 use super::common::{usage, UsageError};
 use super::run_inputs::{create_out_dir, output_path, resolve_budget, run_items, state_file, RunSpec};
-use super::segment::Args;
+use super::segment::{write_class_map, Args};
 use super::tiled::{self, Loaded};
 
 /// Errors for the SAM 3 flags given with another model.
@@ -74,12 +74,7 @@ pub fn run(a: Args, ckpt: Checkpoint, device: Device, dtype: DType, progress: Mo
                 }
                 (Loaded::Image(_), None) => anyhow::bail!("no classes for an image (a bug)"),
             };
-            let (w, h) = img.dimensions();
-            let text = [("Software", "edgerun segment"), ("edgerun:model", model_name.as_str()), ("edgerun:classes", meta.as_str())];
-            write_png_gray8(&output_path(&a.out, it, ".seg.png")?, w, h, &ids, &text)?;
-            if a.palette {
-                write_png_rgb8(&output_path(&a.out, it, ".seg.color.png")?, w, h, &map.colorize(&ids))?;
-            }
+            write_class_map(&a.out, it, img.dimensions(), &ids, (&model_name, &meta), a.palette.then_some(&map))?;
             if a.scores {
                 write_npy_f16(&output_path(&a.out, it, ".scores.npy")?, &[scores.classes, scores.height, scores.width], &scores.values)?;
             }
