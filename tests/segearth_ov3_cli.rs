@@ -200,3 +200,28 @@ fn a_prompt_longer_than_the_context_is_cut_as_the_reference_cuts_it() {
     assert!(run("long", "road;a b c d e f g h") == run("cut", "road;a b c d e f x"), "a cut prompt's scores changed with what was cut");
     assert!(run("long2", "road;a b c d e f g h") != run("other", "road;a b c d e x"), "different prompts gave the same scores");
 }
+
+/// A GGUF that stores the classes' prompt features (and no text encoder) segments as the full model
+/// does; its stored prompts, one class each, are the classes when none are named.
+#[test]
+fn a_gguf_with_stored_prompts_segments_without_its_text_encoder() {
+    let t = tempfile::tempdir().unwrap();
+    let input = inputs(t.path()).join("scene_2.png");
+    let classes = fixture("segearth_ov3").join("plain.txt");
+    let gguf = t.path().join("sam3-plain.gguf");
+    let o = edgerun(&["quantize", "--type", "f32", "--prompts", s(&classes), "--quiet", s(&sam3()), s(&gguf)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = |name: &str, model: &Path, extra: &[&str]| {
+        let out = t.path().join(name);
+        let mut args = vec!["segment", "--model", s(model), "--device", "cpu", "--conf", "0.3", s(&input), "--out", s(&out)];
+        args.extend_from_slice(extra);
+        let o = edgerun(&args);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        gray(&out.join("scene_2.seg.png"))
+    };
+    let want = tensors(&fixture("segearth_ov3"), "expected.safetensors")["plain/scene_2/classes"].flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    assert!(run("stored", &gguf, &["--classes", s(&classes)]) == want, "the stored prompts' class map differs from the reference's");
+    assert!(run("implied", &gguf, &[]) == want, "the stored prompts as classes differ from the class file's");
+    let o = edgerun(&["segment", "--model", s(&gguf), "--prompts", "tree;lake", s(&input), "--out", s(&t.path().join("x"))]);
+    assert!(!o.status.success() && stderr(&o).contains("\"lake\" is not among the 5 this file stores"), "{}", stderr(&o));
+}
