@@ -28,6 +28,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
+# tools/bench/sam3.py would shadow the `sam3` package this script runs.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 OPENEARTHMAP = "background\nbareland,barren\ngrass\npavement\nroad\ntree,forest\nwater,river\ncropland\nbuilding,roof,house"
 CONF, PROB_THD = 0.1, 0.1
 
@@ -47,6 +49,31 @@ def fixture_module(name):
             sys.modules["common"] = bench_common
 
 
+class CpuFactories:
+    """Maps `device="cuda"` to the CPU in torch's factories while the package builds its model (its position
+    and box-bias caches are made on "cuda" unconditionally)."""
+
+    NAMES = ("zeros", "ones", "arange", "empty", "full", "tensor", "linspace")
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch, n) for n in self.NAMES}
+        for n, f in self.saved.items():
+            setattr(torch, n, self.wrap(f))
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch, n, f)
+
+    @staticmethod
+    def wrap(f):
+        def cpu(*a, **kw):
+            if str(kw.get("device", "")).startswith("cuda"):
+                kw["device"] = "cpu"
+            return f(*a, **kw)
+
+        return cpu
+
+
 def original_model(workdir, seg_mod, tiny_mod):
     """The `sam3` package's image model at full size, its weights copied from the saved hub checkpoint, its
     tokenizer the checkpoint's tokenizer.json (the package's BPE asset is not shipped)."""
@@ -56,7 +83,8 @@ def original_model(workdir, seg_mod, tiny_mod):
     tok = seg_mod.JsonTokenizer(os.path.join(workdir, "tokenizer.json"))
     builder.SimpleTokenizer = lambda bpe_path=None: tok
     tiny_mod.cpu_only_sam3()
-    orig = builder.build_sam3_image_model(device="cpu", eval_mode=True, checkpoint_path=None, load_from_HF=False)
+    with CpuFactories():
+        orig = builder.build_sam3_image_model(device="cpu", eval_mode=True, checkpoint_path=None, load_from_HF=False)
     hf = Sam3Model.from_pretrained(workdir).eval()
     tiny_mod.copy_hf_to_original(hf, orig)
     del hf
