@@ -18,6 +18,9 @@ and GGUF files made by `edgerun quantize --type <variant>`: f16 (weights held in
 on the CPU), q8_0, q4k; for SAM 3 also `q8_0+prompts` (`edgerun quantize --prompts`: the prompts' text
 features stored, the text encoder left out, the image alone as input). L-GATr is also timed under
 `torch.compile`.
+
+SegEarth-OV-3 (open-vocabulary segmentation: the whole segmentor on one image against the official one, not a
+forward pass) is timed by tools/bench/segearth_ov3.py on the model that the `sam3` row saves under --workdir.
 """
 import argparse
 import importlib.util
