@@ -396,9 +396,16 @@ impl Job {
             if let Some(beta1) = sched.momentum(step)? {
                 adam.set_beta1(beta1);
             }
-            let grad_norm = if self.cfg.clip_grad_norm > 0.0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
-            adam.step(&grads)?;
+            // A step whose every sample was left out has no gradient: the weights stay as they are.
+            let grad_norm = if self.cfg.clip_grad_norm > 0.0 && used > 0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
+            if used > 0 {
+                adam.step(&grads)?;
+            }
             grads.clear();
+            if inject_nan_at() == Some(step + 1) {
+                let (_, v) = &self.params[0];
+                v.set(&(v.as_tensor() * f64::NAN)?)?;
+            }
             let params = self.named_tensors();
             if let Some(name) = first_non_finite(params.iter().map(|(n, t)| (n.as_str(), t)))? {
                 return Err(Error::Input(format!(
@@ -452,6 +459,13 @@ impl Job {
         }
         Ok(Summary { total_steps: total, steps_taken: step - first, trainable, best_val, seconds: started.elapsed().as_secs_f64() })
     }
+}
+
+/// Test hook: with `EDGERUN_INJECT_NAN_AT_STEP=N`, optimiser step N turns the first trained tensor
+/// into NaN (as a diverging step does), so the refusal to save it can be tested end to end.
+fn inject_nan_at() -> Option<usize> {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| std::env::var("EDGERUN_INJECT_NAN_AT_STEP").ok().and_then(|v| v.trim().parse().ok()))
 }
 
 /// `preprocessor_config.json` beside the model, copied into the outputs.

@@ -84,7 +84,7 @@ const META_KEY: &str = "edgerun.finetune";
 
 impl StateMeta {
     /// Refuses a state that does not belong to a run of `total` steps with `fingerprint`: other
-    /// settings, a step beyond the run, an optimiser count that is not the step, a non-finite loss.
+    /// settings, a step beyond the run, more optimiser steps than steps, a non-finite loss.
     pub fn check(&self, path: &Path, total: usize, fingerprint: &str) -> Result<()> {
         if self.fingerprint != fingerprint {
             return Err(Error::bad_file(path, "saved by a run with other settings (model, data, schedule…); use another --out or delete it to start over"));
@@ -92,8 +92,8 @@ impl StateMeta {
         if self.step > total {
             return Err(Error::bad_file(path, format!("is at step {}, beyond this run's {total} steps: saved by another run or altered; delete it to start over", self.step)));
         }
-        if self.adam_steps != self.step as u64 {
-            return Err(Error::bad_file(path, format!("optimiser step count {} differs from the step {}: altered; delete it to start over", self.adam_steps, self.step)));
+        if self.adam_steps > self.step as u64 {
+            return Err(Error::bad_file(path, format!("optimiser step count {} is beyond the step {}: altered; delete it to start over", self.adam_steps, self.step)));
         }
         if self.best_val.is_some_and(|v| !v.is_finite()) {
             return Err(Error::bad_file(path, "best validation loss is not finite: altered; delete it to start over"));
