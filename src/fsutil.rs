@@ -547,4 +547,98 @@ mod tests {
         assert_eq!(names(d.path()), vec!["taken"]);
         assert_eq!(names(&dest), vec!["inside"]);
     }
+
+    #[test]
+    fn a_dir_swap_that_fails_leaves_no_folder_and_the_old_directory() {
+        // A write that fails part-way (a full disk) drops the swap: `.last.tmp` goes, `last` stays.
+        let d = tempfile::tempdir().unwrap();
+        let dest = d.path().join("last");
+        std::fs::create_dir(&dest).unwrap();
+        std::fs::write(dest.join("model.safetensors"), b"old").unwrap();
+        let swap = DirSwap::create(&dest).unwrap();
+        std::fs::write(swap.path().join("model.safetensors"), b"half").unwrap();
+        drop(swap);
+        assert_eq!(names(d.path()), vec!["last"]);
+        assert_eq!(std::fs::read(dest.join("model.safetensors")).unwrap(), b"old");
+        let swap = DirSwap::create(&dest).unwrap();
+        std::fs::write(swap.path().join("model.safetensors"), b"new").unwrap();
+        swap.commit().unwrap();
+        assert_eq!(names(d.path()), vec!["last"]);
+        assert_eq!(std::fs::read(dest.join("model.safetensors")).unwrap(), b"new");
+    }
+
+    #[test]
+    fn a_dir_swap_refuses_a_file_a_link_and_an_input() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("last");
+        std::fs::write(&file, b"x").unwrap();
+        let e = DirSwap::create(&file).err().unwrap().to_string();
+        assert!(e.contains("last") && e.contains("regular file"), "{e}");
+        let model = d.path().join("best");
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(model.join("model.safetensors"), b"m").unwrap();
+        register_input(&model.join("model.safetensors"));
+        let e = DirSwap::create(&model).err().unwrap().to_string();
+        assert!(e.contains("input of this run"), "{e}");
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink(&model, d.path().join("linked")).unwrap();
+            let e = DirSwap::create(&d.path().join("linked")).err().unwrap().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+        }
+        assert_eq!(names(d.path()).iter().filter(|n| n.starts_with('.')).count(), 0, "{:?}", names(d.path()));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn in_place_writes_refuse_links_fifos_and_leaving_the_root() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("out");
+        std::fs::create_dir(&root).unwrap();
+        let outside = d.path().join("precious");
+        std::fs::write(&outside, b"keep").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("log.jsonl")).unwrap();
+        std::os::unix::fs::symlink(d.path(), root.join("state")).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(root.join("fifo")).status().unwrap().success());
+        for (path, why) in [
+            (root.join("log.jsonl"), "symbolic link"),
+            (root.join("state/x"), "symbolic link"),
+            (root.join("fifo"), "FIFO"),
+            (root.join("../precious"), "`..`"),
+            (outside.clone(), "not inside"),
+        ] {
+            for mode in [InPlace::Append, InPlace::Rewrite] {
+                let e = open_in_place(&root, &path, mode).err().unwrap().to_string();
+                assert!(e.contains(why), "{}: {e}", path.display());
+            }
+        }
+        assert!(create_dir_in(&root, &root.join("state")).is_err());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        let mut f = open_in_place(&root, &root.join("ok.jsonl"), InPlace::Append).unwrap();
+        f.write_all(b"line\n").unwrap();
+        create_dir_in(&root, &root.join("a/b")).unwrap();
+        assert!(root.join("a/b").is_dir());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn inputs_refuse_fifos_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("x.safetensors");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let t = std::time::Instant::now();
+        assert!(open_input(&fifo).err().unwrap().to_string().contains("FIFO"));
+        assert!(read_input(&fifo, 10).is_err());
+        assert!(t.elapsed().as_secs() < 5);
+    }
+
+    #[test]
+    fn a_second_lock_on_an_output_directory_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let held = lock_dir(d.path(), "finetune").unwrap();
+        let e = lock_dir(d.path(), "finetune").unwrap_err().to_string();
+        assert!(e.contains("locked") && e.contains("finetune"), "{e}");
+        drop(held);
+        lock_dir(d.path(), "finetune").unwrap();
+    }
 }

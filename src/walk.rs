@@ -97,11 +97,9 @@ fn visit(dir: &Path, rel: &str, o: &Opts<'_>, seen: &mut HashSet<PathBuf>, w: &m
             }
         };
         let is_link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-        if is_link && (md.is_dir() || (o.accept)(&name)) {
-            if !path.canonicalize().is_ok_and(|c| c.starts_with(o.confine)) {
-                w.problems.push((path, "symlink to outside the input root; not followed".into()));
-                continue;
-            }
+        if is_link && (md.is_dir() || (o.accept)(&name)) && !path.canonicalize().is_ok_and(|c| c.starts_with(o.confine)) {
+            w.problems.push((path, "symlink to outside the input root; not followed".into()));
+            continue;
         }
         if md.is_dir() {
             if o.exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {

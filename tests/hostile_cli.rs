@@ -942,7 +942,7 @@ fn round3() -> Vec<Round3> {
 #[test]
 fn outputs_state_fifos_links_and_metadata_are_refused_or_survived() {
     let all = round3();
-    assert!(all.len() >= 25, "{} cases", all.len());
+    assert!(all.len() >= 26, "{} cases", all.len());
     let failures: Vec<String> = all.iter().filter_map(|c| run_case(&c.case, c.env, c.after)).collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
 }
