@@ -5,6 +5,7 @@
 # current; config_model seeds are a model-pick byte + a JSON patch of that model's config, npy_reader
 # seeds small .npy files, gguf_metadata seeds a count byte + metadata key/values, finetune_state seeds
 # small resume states written by `edgerun finetune`). Dictionaries: dicts/<target>.dict when present.
+# finetune_state writes its input to a temp file each run: TMPDIR=/dev/shm makes it ~10x faster.
 # Needs a nightly toolchain and cargo-fuzz (`cargo +nightly install cargo-fuzz`). Fails on a crash.
 set -uo pipefail
 cd "$(dirname "$0")"
