@@ -48,7 +48,7 @@ pub fn collect_inputs(args: &[PathBuf], suffixes: &[&str], out: Option<&Path>) -
                     arg.display()
                 )));
             }
-            let walked = walk_tree(arg, &|name| strip_suffix(name, suffixes).is_some(), out_c.as_deref(), false)?;
+            let walked = walk_tree(arg, &|name| strip_suffix(name, suffixes).is_some(), out_c.as_deref())?;
             for f in walked.files {
                 let out_stem = strip_suffix(&f.rel, suffixes).unwrap_or(&f.rel).to_string();
                 items.push(InputItem { path: f.path, out_stem, problem: None });

@@ -42,13 +42,14 @@ pub(crate) struct Walk {
 /// Walks `root` recursively. `accept` decides on a file name (e.g. by extension); an accepted name
 /// that is not a regular file (FIFO, socket, device) is reported, never opened. A directory whose
 /// canonical path is `exclude` (an output directory inside the input tree) or was already visited
-/// (a symlink loop) is not entered. With `confine`, a symlink that leads outside the root is
-/// reported and not followed (every listed path then stays inside the root when joined again).
-pub(crate) fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>, confine: bool) -> Result<Walk> {
+/// (a symlink loop) is not entered. A symlink that leads outside the root is reported and not
+/// followed, for every command (every listed path then stays inside the root when joined again);
+/// the root itself may be a symlink.
+pub(crate) fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Option<&Path>) -> Result<Walk> {
     let mut w = Walk::default();
     let mut seen = HashSet::new();
     let root_c = root.canonicalize().map_err(|e| Error::io(root, e))?;
-    let opts = Opts { accept, exclude, confine: confine.then_some(root_c.as_path()) };
+    let opts = Opts { accept, exclude, confine: &root_c };
     visit(root, "", &opts, &mut seen, &mut w)?;
     w.files.sort_by(|a, b| a.rel.cmp(&b.rel));
     Ok(w)
@@ -57,8 +58,8 @@ pub(crate) fn walk_tree(root: &Path, accept: &dyn Fn(&str) -> bool, exclude: Opt
 struct Opts<'a> {
     accept: &'a dyn Fn(&str) -> bool,
     exclude: Option<&'a Path>,
-    /// The canonical root symlinks must stay inside, when confined.
-    confine: Option<&'a Path>,
+    /// The canonical root symlinks must stay inside.
+    confine: &'a Path,
 }
 
 fn visit(dir: &Path, rel: &str, o: &Opts<'_>, seen: &mut HashSet<PathBuf>, w: &mut Walk) -> Result<()> {
@@ -96,11 +97,9 @@ fn visit(dir: &Path, rel: &str, o: &Opts<'_>, seen: &mut HashSet<PathBuf>, w: &m
             }
         };
         let is_link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-        if let (true, Some(root)) = (is_link && (md.is_dir() || (o.accept)(&name)), o.confine) {
-            if !path.canonicalize().is_ok_and(|c| c.starts_with(root)) {
-                w.problems.push((path, "symlink to outside the input root; not followed".into()));
-                continue;
-            }
+        if is_link && (md.is_dir() || (o.accept)(&name)) && !path.canonicalize().is_ok_and(|c| c.starts_with(o.confine)) {
+            w.problems.push((path, "symlink to outside the input root; not followed".into()));
+            continue;
         }
         if md.is_dir() {
             if o.exclude.is_some_and(|x| path.canonicalize().is_ok_and(|c| c == x)) {

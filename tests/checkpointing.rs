@@ -38,7 +38,7 @@ fn check(fixture: &str, spec: TrainSpec, (h, w): (usize, usize)) {
     let want_loss = loss.to_scalar::<f32>().unwrap() as f64;
     plain.accumulate(&loss.backward().unwrap()).unwrap();
     let spill_path = std::env::temp_dir().join(format!("edgerun-ckpt-{}-{fixture}-{first_trained}.spill", std::process::id()));
-    let stores = [KeptInputs::Device(HashMap::new()), KeptInputs::Spill(SpillFile::create(&spill_path).unwrap())];
+    let stores = [KeptInputs::Device(HashMap::new()), KeptInputs::Spill(SpillFile::create(spill_path.parent().unwrap(), &spill_path).unwrap())];
     for mut kept in stores {
         let mut grads = Grads::new(&params);
         let l = edgerun::train::recompute::checkpointed_step(walk, &x, first_trained, &mut kept, &mut grads, &|p| losses::l1(p, &target)).unwrap();

@@ -105,3 +105,34 @@ fn architecture_names_stay_in_their_family_folder() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// Calls that open, read whole, create or rename files: outside `src/fsutil.rs` (and test modules)
+/// every file goes through its helpers, which refuse FIFOs, devices, links and inputs before any
+/// read or write ([`open_input`, `read_input`, `open_in_place`, `AtomicFile`, `DirSwap`]).
+const FILE_CALLS: [&str; 8] = ["File::open", "File::create", "OpenOptions", "fs::read(", "fs::read_to_string(", "fs::write(", "fs::rename(", "fs::copy("];
+
+/// Whether `code` calls `call` itself (`File::create`, not `AtomicFile::create`).
+fn calls(code: &str, call: &str) -> bool {
+    code.match_indices(call).any(|(i, _)| !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_'))
+}
+
+#[test]
+fn files_are_opened_through_fsutil() {
+    let mut problems = Vec::new();
+    for (path, text) in src_files() {
+        if path == "src/fsutil.rs" {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            let t = line.trim();
+            if t.starts_with("#[cfg(test)]") {
+                break;
+            }
+            let code = t.split("//").next().unwrap_or("");
+            if let Some(call) = FILE_CALLS.iter().find(|c| calls(code, c)) {
+                problems.push(format!("{path}:{}: `{call}` outside src/fsutil.rs: use fsutil's open_input / read_input / open_in_place / AtomicFile / DirSwap", i + 1));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

@@ -528,53 +528,421 @@ fn temp_files(root: &Path) -> Vec<PathBuf> {
     found
 }
 
+/// Runs case `c` (with `env` set) and returns what went wrong, if anything; `after` checks what the
+/// run left under its root.
+fn run_case(c: &Case, env: &[(&str, &str)], after: fn(&Path) -> Result<(), String>) -> Option<String> {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let a = (c.setup)(root);
+    let before = snapshot(root);
+    let start = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_edgerun")).args(&a).envs(env.iter().copied()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut hung = false;
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > TIME_BOUND {
+            child.kill().unwrap();
+            hung = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let mut why = Vec::new();
+    if hung {
+        why.push(format!("did not finish within {TIME_BOUND:?}"));
+    }
+    if o.status.code() != Some(c.code) {
+        why.push(format!("exit code {:?}, expected {}", o.status.code(), c.code));
+    }
+    if !err.contains(c.culprit) {
+        why.push(format!("the message does not name `{}`", c.culprit));
+    }
+    if err.contains("panicked") || err.contains("internal error") || err.contains("stack backtrace") {
+        why.push("panic text".into());
+    }
+    if snapshot(root) != before {
+        why.push("something outside out/ was created, changed or removed".into());
+    }
+    let temps = temp_files(root);
+    if !temps.is_empty() {
+        why.push(format!("temp files left: {temps:?}"));
+    }
+    if let Err(e) = after(root) {
+        why.push(e);
+    }
+    (!why.is_empty()).then(|| format!("{}: {}\n    args: {a:?}\n    stderr: {}", c.name, why.join("; "), err.trim()))
+}
+
 #[cfg(unix)]
 #[test]
 fn hostile_inputs_get_a_clear_error_and_lose_nothing() {
     let all = cases();
     assert!(all.len() >= 60, "{} cases", all.len());
-    let mut failures = Vec::new();
-    for c in &all {
-        let t = tempfile::tempdir().unwrap();
-        let root = t.path();
-        let a = (c.setup)(root);
-        let before = snapshot(root);
-        let start = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_edgerun")).args(&a).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-        let mut hung = false;
-        while child.try_wait().unwrap().is_none() {
-            if start.elapsed() > TIME_BOUND {
-                child.kill().unwrap();
-                hung = true;
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let o = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        let mut why = Vec::new();
-        if hung {
-            why.push(format!("did not finish within {TIME_BOUND:?}"));
-        }
-        if o.status.code() != Some(c.code) {
-            why.push(format!("exit code {:?}, expected {}", o.status.code(), c.code));
-        }
-        if !err.contains(c.culprit) {
-            why.push(format!("the message does not name `{}`", c.culprit));
-        }
-        if err.contains("panicked") || err.contains("internal error") || err.contains("stack backtrace") {
-            why.push("panic text".into());
-        }
-        if snapshot(root) != before {
-            why.push("something outside out/ was created, changed or removed".into());
-        }
-        let temps = temp_files(root);
-        if !temps.is_empty() {
-            why.push(format!("temp files left: {temps:?}"));
-        }
-        if !why.is_empty() {
-            failures.push(format!("{}: {}\n    args: {a:?}\n    stderr: {}", c.name, why.join("; "), err.trim()));
+    let failures: Vec<String> = all.iter().filter_map(|c| run_case(c, &[], |_| Ok(()))).collect();
+    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
+}
+
+// ---- Third round (#44): finetune's outputs and resume state, FIFOs named directly, symlinked
+// outputs, GGUF metadata. Each case may set environment variables and check what the run left.
+
+/// A case of the third round: [`Case`], the environment it runs in, and a check of what it left.
+struct Round3 {
+    case: Case,
+    env: &'static [(&'static str, &'static str)],
+    after: fn(&Path) -> Result<(), String>,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `finetune` on an example's settings (`depth` or `segmentation`) for one epoch into `root/out`,
+/// with `data` (the example's own when None) and `flags` after.
+fn finetune_with(root: &Path, example: &str, data: Option<&Path>, flags: &[&str]) -> Vec<String> {
+    let (toml, model, example_data) = match example {
+        "segmentation" => ("finetune_segmentation.toml", "segformer_tiny", "finetune/segmentation"),
+        _ => ("finetune.toml", "da2_metric_p14", "finetune/data"),
+    };
+    let text = std::fs::read_to_string(repo().join("examples").join(toml)).unwrap();
+    let kept: String = text.lines().filter(|l| !["model", "data", "out"].contains(&l.split('=').next().unwrap_or("").trim())).map(|l| format!("{l}\n")).collect();
+    let data = data.map(Path::to_path_buf).unwrap_or_else(|| repo().join("examples").join(example_data));
+    let cfg = root.join("ft.toml");
+    std::fs::write(&cfg, format!("model = {:?}\ndata = {:?}\nout = {:?}\n{kept}", fixture(model), data, root.join("out"))).unwrap();
+    let mut a = args(&["--threads", "1", "finetune", "--config", &s(&cfg), "--epochs", "1", "--device", &device_arg()]);
+    a.extend(flags.iter().map(|x| x.to_string()));
+    a
+}
+
+fn finetune(root: &Path, flags: &[&str]) -> Vec<String> {
+    finetune_with(root, "depth", None, flags)
+}
+
+/// A copy of an example's data under `root/data`.
+fn copy_data(root: &Path, example_data: &str) -> PathBuf {
+    let data = root.join("data");
+    for sub in ["images", "targets"] {
+        let src = repo().join("examples").join(example_data).join(sub);
+        std::fs::create_dir_all(data.join(sub)).unwrap();
+        for e in std::fs::read_dir(&src).unwrap().flatten() {
+            std::fs::copy(e.path(), data.join(sub).join(e.file_name())).unwrap();
         }
     }
+    data
+}
+
+/// Replaces a depth target with NaN everywhere (same shape).
+fn nan_target(p: &Path) {
+    let ((h, w), _) = edgerun::imageio::npy::read_npy_2d(p).unwrap();
+    edgerun::imageio::npy::write_npy_f32(p, &[h, w], &vec![f32::NAN; h * w]).unwrap();
+}
+
+/// Runs `a` to completion (a setup step: a finished run to resume from).
+fn run_ok(a: &[String]) {
+    let o = Command::new(env!("CARGO_BIN_EXE_edgerun")).args(a).output().unwrap();
+    assert!(o.status.success(), "setup run failed: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Rewrites the resume metadata of `state.safetensors` with `edit` applied.
+fn tamper_state(p: &Path, edit: fn(&mut serde_json::Value)) {
+    let b = std::fs::read(p).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&b[8..8 + n]).unwrap();
+    let mut meta: serde_json::Value = serde_json::from_str(header["__metadata__"]["edgerun.finetune"].as_str().unwrap()).unwrap();
+    edit(&mut meta);
+    header["__metadata__"]["edgerun.finetune"] = serde_json::Value::String(meta.to_string());
+    let mut h = serde_json::to_vec(&header).unwrap();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(&b[8 + n..]);
+    std::fs::write(p, out).unwrap();
+}
+
+/// A file outside `out/` that a link inside it points at (the snapshot proves it untouched).
+fn precious(root: &Path) -> PathBuf {
+    let p = root.join("precious.txt");
+    std::fs::write(&p, b"must survive\n").unwrap();
+    p
+}
+
+fn link(target: &Path, at: &Path) {
+    std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(target, at).unwrap();
+}
+
+/// A GGUF with no tensors and `arrays` boolean arrays of `len` elements each.
+fn gguf_with_bool_arrays(p: &Path, arrays: usize, len: u64) {
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend(0u64.to_le_bytes());
+    b.extend((arrays as u64).to_le_bytes());
+    for i in 0..arrays {
+        let key = format!("flags.{i}");
+        b.extend((key.len() as u64).to_le_bytes());
+        b.extend(key.as_bytes());
+        b.extend(9u32.to_le_bytes());
+        b.extend(7u32.to_le_bytes());
+        b.extend(len.to_le_bytes());
+        b.extend(std::iter::repeat_n(1u8, len as usize));
+    }
+    std::fs::write(p, b).unwrap();
+}
+
+fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
+
+fn nothing_saved(r: &Path) -> Result<(), String> {
+    let left: Vec<&str> = ["out/last", "out/best", "out/state/state.safetensors", "out/.last.tmp", "out/.last.old"].into_iter().filter(|p| exists(&r.join(p))).collect();
+    if left.is_empty() { Ok(()) } else { Err(format!("saved anyway: {left:?}")) }
+}
+
+fn trained(r: &Path) -> Result<(), String> {
+    if r.join("out/last/model.safetensors").is_file() { Ok(()) } else { Err("no out/last/model.safetensors".into()) }
+}
+
+fn none(_: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+fn round3() -> Vec<Round3> {
+    let plain = |case: Case| Round3 { case, env: &[], after: none };
+    vec![
+        // 1. FIFOs named directly.
+        plain(Case { name: "inspect a FIFO named as a .safetensors", setup: |r| { fifo(&r.join("x.safetensors")); args(&["inspect", &s(&r.join("x.safetensors"))]) }, code: 2, culprit: "x.safetensors" }),
+        plain(Case { name: "inspect a FIFO named as a .gguf", setup: |r| { fifo(&r.join("x.gguf")); args(&["inspect", &s(&r.join("x.gguf"))]) }, code: 2, culprit: "x.gguf" }),
+        plain(Case {
+            name: "forward --input is a FIFO",
+            setup: |r| {
+                fifo(&r.join("in.safetensors"));
+                args(&["forward", "--model", &s(&model(r, "da2_relative_p14", "m")), "--input", &s(&r.join("in.safetensors")), "--output", &s(&r.join("out/o.safetensors"))])
+            },
+            code: 2,
+            culprit: "in.safetensors",
+        }),
+        plain(Case {
+            name: "lgatr --input is a FIFO",
+            setup: |r| {
+                fifo(&r.join("ev.safetensors"));
+                args(&["lgatr", "--model", &s(&model(r, "lgatr_tiny", "m")), "--input", &s(&r.join("ev.safetensors")), "--output", &s(&r.join("out/o.safetensors"))])
+            },
+            code: 2,
+            culprit: "ev.safetensors",
+        }),
+        plain(Case { name: "quantize a FIFO", setup: |r| { fifo(&r.join("f.safetensors")); args(&["quantize", &s(&r.join("f.safetensors")), &s(&r.join("out/x.gguf")), "--type", "q8_0"]) }, code: 2, culprit: "f.safetensors" }),
+        plain(Case {
+            name: "depth --model is a FIFO .gguf",
+            setup: |r| {
+                fifo(&r.join("m.gguf"));
+                let i = images(r);
+                args(&["depth", "--model", &s(&r.join("m.gguf")), &s(&i), "--out", &s(&r.join("out"))])
+            },
+            code: 2,
+            culprit: "m.gguf",
+        }),
+        plain(Case { name: "finetune resume state is a FIFO", setup: |r| { fifo(&r.join("out/state/state.safetensors")); finetune(r, &[]) }, code: 2, culprit: "state.safetensors" }),
+        plain(Case { name: "finetune log.jsonl is a FIFO", setup: |r| { fifo(&r.join("out/log.jsonl")); finetune(r, &[]) }, code: 2, culprit: "log.jsonl" }),
+        plain(Case { name: "annotate journal is a FIFO", setup: |r| { let a = annotate_with(r, ""); fifo(&r.join("out/manifests/depth.jsonl")); a }, code: 2, culprit: "depth.jsonl" }),
+        // 2. Outputs written in place through links.
+        plain(Case { name: "finetune log.jsonl links out of --out", setup: |r| { link(&precious(r), &r.join("out/log.jsonl")); finetune(r, &[]) }, code: 2, culprit: "log.jsonl" }),
+        plain(Case {
+            name: "finetune --offload spill file links out of --out",
+            setup: |r| {
+                link(&precious(r), &r.join("out/state/activations.spill"));
+                finetune(r, &["--train", "last:2", "--offload"])
+            },
+            code: 2,
+            culprit: "activations.spill",
+        }),
+        plain(Case { name: "annotate journal links out of the output", setup: |r| { let a = annotate_with(r, ""); link(&precious(r), &r.join("out/manifests/depth.jsonl")); a }, code: 2, culprit: "depth.jsonl" }),
+        plain(Case {
+            name: "finetune state/ links out of --out",
+            setup: |r| {
+                std::fs::create_dir_all(r.join("elsewhere")).unwrap();
+                link(&r.join("elsewhere"), &r.join("out/state"));
+                finetune(r, &[])
+            },
+            code: 2,
+            culprit: "state",
+        }),
+        // 3. finetune never replaces its input.
+        Round3 {
+            case: Case {
+                name: "finetune --model OUT/best --out OUT",
+                setup: |r| {
+                    let best = model(r, "da2_metric_p14", "out/best");
+                    finetune(r, &["--model", &s(&best)])
+                },
+                code: 2,
+                culprit: "input of this run",
+            },
+            env: &[],
+            after: |r| {
+                let same = std::fs::read(r.join("out/best/model.safetensors")).ok() == std::fs::read(fixture("da2_metric_p14").join("model.safetensors")).ok();
+                if same && r.join("out/best/config.json").is_file() { Ok(()) } else { Err("the input model folder was changed".into()) }
+            },
+        },
+        // 4. Nothing non-finite is saved, and the message stays true.
+        Round3 {
+            case: Case { name: "finetune step turns weights NaN on a save step", setup: |r| finetune(r, &[]), code: 2, culprit: "nothing was saved over the last checkpoint" },
+            env: &[("EDGERUN_INJECT_NAN_AT_STEP", "3")],
+            after: nothing_saved,
+        },
+        // 5. One run per output directory.
+        Round3 {
+            case: Case {
+                name: "finetune on an --out another run holds",
+                setup: |r| {
+                    std::fs::create_dir_all(r.join("out")).unwrap();
+                    let f = std::fs::OpenOptions::new().create(true).append(true).open(r.join("out").join(edgerun::fsutil::DIR_LOCK)).unwrap();
+                    f.try_lock().unwrap();
+                    // Held until this test process ends, as a running `finetune` holds it.
+                    std::mem::forget(f);
+                    finetune(r, &[])
+                },
+                code: 2,
+                culprit: "locked",
+            },
+            env: &[],
+            after: nothing_saved,
+        },
+        // 6. Left behind, corrupted, accepted.
+        plain(Case {
+            name: "finetune state at a step beyond the run",
+            setup: |r| {
+                let a = finetune(r, &[]);
+                run_ok(&a);
+                tamper_state(&r.join("out/state/state.safetensors"), |m| {
+                    m["step"] = 1000.into();
+                    m["adam_steps"] = 1000.into();
+                });
+                a
+            },
+            code: 2,
+            culprit: "beyond this run's 3 steps",
+        }),
+        Round3 {
+            case: Case {
+                name: "finetune log deleted and its saved length set to 1e12",
+                setup: |r| {
+                    let a = finetune(r, &[]);
+                    run_ok(&a);
+                    std::fs::remove_file(r.join("out/log.jsonl")).unwrap();
+                    tamper_state(&r.join("out/state/state.safetensors"), |m| m["log_len"] = 1_000_000_000_000u64.into());
+                    a
+                },
+                code: 0,
+                culprit: "log.jsonl",
+            },
+            env: &[],
+            after: |r| match std::fs::metadata(r.join("out/log.jsonl")) {
+                Ok(m) if m.len() < 1 << 20 => Ok(()),
+                Ok(m) => Err(format!("log.jsonl padded to {} bytes", m.len())),
+                Err(e) => Err(format!("log.jsonl: {e}")),
+            },
+        },
+        Round3 {
+            case: Case { name: "finetune OUT/last is a regular file", setup: |r| { std::fs::create_dir_all(r.join("out")).unwrap(); std::fs::write(r.join("out/last"), b"x").unwrap(); finetune(r, &[]) }, code: 2, culprit: "out/last" },
+            env: &[],
+            after: |r| if r.join("out/last").is_file() && !exists(&r.join("out/.last.old")) { Ok(()) } else { Err("out/last was moved".into()) },
+        },
+        // 7. GGUF metadata bounded as a whole.
+        plain(Case { name: "inspect a GGUF whose metadata expands past the limit", setup: |r| { gguf_with_bool_arrays(&r.join("flags.gguf"), 2, 1_200_000); args(&["inspect", &s(&r.join("flags.gguf"))]) }, code: 2, culprit: "decoded" }),
+        // 8. All-ignored targets: skipped with a warning naming the file.
+        Round3 {
+            case: Case {
+                name: "finetune --batch 1 with an all-NaN depth target",
+                setup: |r| {
+                    let d = copy_data(r, "finetune/data");
+                    nan_target(&d.join("targets/scene_04.npy"));
+                    finetune_with(r, "depth", Some(&d), &["--batch", "1"])
+                },
+                code: 0,
+                culprit: "scene_04.npy: every target pixel is ignored",
+            },
+            env: &[],
+            after: trained,
+        },
+        Round3 {
+            case: Case {
+                name: "finetune with an all-255 class map",
+                setup: |r| {
+                    let d = copy_data(r, "finetune/segmentation");
+                    let p = d.join("targets/tile_03.png");
+                    let (w, h) = image::image_dimensions(&p).unwrap();
+                    image::GrayImage::from_pixel(w, h, image::Luma([255])).save(&p).unwrap();
+                    finetune_with(r, "segmentation", Some(&d), &["--batch", "1"])
+                },
+                code: 0,
+                culprit: "tile_03.png: every target pixel is ignored",
+            },
+            env: &[],
+            after: trained,
+        },
+        Round3 {
+            case: Case {
+                name: "finetune with every depth target all-NaN",
+                setup: |r| {
+                    let d = copy_data(r, "finetune/data");
+                    for e in std::fs::read_dir(d.join("targets")).unwrap().flatten() {
+                        nan_target(&e.path());
+                    }
+                    finetune_with(r, "depth", Some(&d), &[])
+                },
+                code: 2,
+                culprit: "nothing to learn from",
+            },
+            env: &[],
+            after: nothing_saved,
+        },
+        // 9. One symlink rule; annotate's exit code when every item failed.
+        plain(Case {
+            name: "finetune images/ links out of the data root",
+            setup: |r| {
+                let d = copy_data(r, "finetune/data");
+                std::fs::rename(d.join("images"), r.join("images_elsewhere")).unwrap();
+                link(&r.join("images_elsewhere"), &d.join("images"));
+                finetune_with(r, "depth", Some(&d), &[])
+            },
+            code: 2,
+            culprit: "out of the data directory",
+        }),
+        plain(Case {
+            name: "depth tree with a symlink out of its root",
+            setup: |r| {
+                let i = images(r);
+                png(&r.join("secret/s.png"), 20, 16);
+                link(&r.join("secret/s.png"), &i.join("s.png"));
+                image_cmd_at(r, &i, "depth", "da2_relative_p14")
+            },
+            code: 2,
+            culprit: "outside the input root",
+        }),
+        plain(Case {
+            name: "annotate whose every item fails",
+            setup: |r| {
+                let a = annotate_with(r, "");
+                let i = r.join("in");
+                std::fs::remove_dir_all(&i).unwrap();
+                std::fs::create_dir_all(&i).unwrap();
+                std::fs::write(i.join("z.png"), b"").unwrap();
+                std::fs::write(i.join("t.png"), b"\x89PNG\r\n\x1a\n").unwrap();
+                a
+            },
+            code: 2,
+            culprit: "every one of the 2 inputs processed failed",
+        }),
+    ]
+}
+
+#[cfg(unix)]
+#[test]
+fn outputs_state_fifos_links_and_metadata_are_refused_or_survived() {
+    let all = round3();
+    assert!(all.len() >= 26, "{} cases", all.len());
+    let failures: Vec<String> = all.iter().filter_map(|c| run_case(&c.case, c.env, c.after)).collect();
     assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), all.len(), failures.join("\n"));
 }

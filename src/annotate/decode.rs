@@ -20,7 +20,7 @@ pub struct Encoded {
 
 /// Reads `path` and checks its header; the error is the reason recorded in the journal.
 pub fn read_checked(path: &Path, limits: &ImageLimits) -> Result<Encoded, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read file: {e}"))?;
+    let bytes = crate::fsutil::read_input(path, limits.max_alloc).map_err(|e| format!("cannot read file: {e}"))?;
     let (w, h) = header_size(&bytes, limits)?;
     Ok(Encoded { bytes, width: w, height: h })
 }

@@ -117,7 +117,7 @@ pub fn xxh64(data: &[u8]) -> u64 {
 
 /// XXH64 of a file's contents, streamed.
 pub(crate) fn xxh64_file(path: &Path) -> Result<u64> {
-    let mut f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut f = crate::fsutil::open_input(path)?;
     let mut h = Xxh64::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {

@@ -6,7 +6,7 @@
 //! unparsable tail (a run killed mid-write, or a crash before the data reached the disk) is truncated
 //! away before anything is appended; unparsable lines elsewhere are ignored.
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::StageKind;
 use crate::error::{Error, Result};
-use crate::fsutil::{try_lock, Lock};
+use crate::fsutil::{open_in_place, read_input_if_exists, try_lock, InPlace, Lock};
 use crate::paths::check_relative;
 
 /// The outcome of an item in a stage.
@@ -68,6 +68,14 @@ impl Record {
 /// Milliseconds since the epoch.
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Largest journal read back (about 20 million records).
+const MAX_JOURNAL: u64 = 1 << 32;
+
+/// The directory a journal lies in: the root its in-place writes must stay inside.
+fn parent(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new(""))
 }
 
 /// The manifests directory of an output directory.
@@ -139,11 +147,7 @@ fn parse(bytes: &[u8]) -> (Vec<Record>, usize, usize) {
 
 /// Reads the records of a journal without modifying it (a torn tail is ignored).
 pub fn read_records(path: &Path) -> Result<Vec<Record>> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(parse(&b).0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(Error::io(path, e)),
-    }
+    Ok(read_input_if_exists(path, MAX_JOURNAL)?.map(|b| parse(&b).0).unwrap_or_default())
 }
 
 /// What opening a journal found.
@@ -168,7 +172,10 @@ pub struct Journal {
 impl Journal {
     /// Opens (creating) and locks `path`, truncates a torn tail and returns its records.
     pub fn open(path: &Path, sync_every: usize, sync_interval: Duration) -> Result<(Journal, Vec<Record>, Recovery)> {
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path).map_err(|e| Error::io(path, e))?;
+        let mut file = open_in_place(parent(path), path, InPlace::Append)?;
+        if file.metadata().map_err(|e| Error::io(path, e))?.len() > MAX_JOURNAL {
+            return Err(Error::bad_file(path, format!("more than {MAX_JOURNAL} bytes: not a journal this run can read")));
+        }
         if try_lock(&file) == Lock::Busy {
             return Err(Error::Config(format!(
                 "{} is locked: another `edgerun annotate` is writing this output (same shard); wait for it or stop it",
@@ -273,7 +280,7 @@ pub fn merge(output: &Path) -> Result<BTreeMap<String, MergedStage>> {
         }
         let whole = journal_path(output, stage, "");
         // Refuse while an unsharded run holds the journal we are about to replace.
-        let guard = OpenOptions::new().read(true).append(true).create(true).open(&whole).map_err(|e| Error::io(&whole, e))?;
+        let guard = open_in_place(parent(&whole), &whole, InPlace::Append)?;
         if try_lock(&guard) == Lock::Busy {
             return Err(Error::Config(format!("{} is locked by a running `edgerun annotate`; merge when it has finished", whole.display())));
         }

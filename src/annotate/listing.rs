@@ -17,6 +17,9 @@ use crate::error::{Error, Result};
 use crate::walk::{has_extension, walk_tree};
 use crate::paths::{check_relative, safe_join};
 
+/// Largest cached input list read back (about 5 million entries); a larger one is rebuilt.
+const MAX_CACHE: u64 = 1 << 30;
+
 /// One input file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputFile {
@@ -98,7 +101,7 @@ pub fn list_inputs(
     let exclude_s = exclude_c.as_ref().map(|p| p.to_string_lossy().into_owned());
 
     let mut warnings = Vec::new();
-    let old: Option<Cache> = std::fs::read(cache_path)
+    let old: Option<Cache> = crate::fsutil::read_input(cache_path, MAX_CACHE)
         .ok()
         .and_then(|b| serde_json::from_slice::<Cache>(&b).ok())
         .filter(|c| c.version == CACHE_VERSION && c.root == root_s && c.extensions == exts && c.exclude == exclude_s)
@@ -117,7 +120,7 @@ pub fn list_inputs(
 
     let start = now_ns();
     let ext_refs: Vec<&str> = exts.iter().map(String::as_str).collect();
-    let walked = walk_tree(&root_c, &|name| has_extension(name, &ext_refs), exclude_c.as_deref(), true)?;
+    let walked = walk_tree(&root_c, &|name| has_extension(name, &ext_refs), exclude_c.as_deref())?;
     // A directory modified during the scan is not trusted next time (-1).
     let dirs: Vec<(String, i64)> = walked
         .dirs

@@ -133,7 +133,7 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
     }
     check_devices(cfg, &stages)?;
     let mdir = manifest_dir(output);
-    std::fs::create_dir_all(&mdir).map_err(|e| Error::io(&mdir, e))?;
+    crate::fsutil::create_dir_in(output, &mdir)?;
     let out_c = output.canonicalize().map_err(|e| Error::io(output, e))?;
     let quiet = cfg.progress.mode == "none";
     let say = |m: &str| {
@@ -453,7 +453,7 @@ pub fn merge(output: &Path) -> Result<MergeReport> {
         .collect();
     paths.sort();
     for p in &paths {
-        let bytes = std::fs::read(p).map_err(|e| Error::io(p, e))?;
+        let bytes = crate::fsutil::read_input(p, crate::fsutil::MAX_TEXT_INPUT)?;
         shards.push(serde_json::from_slice::<Summary>(&bytes).map_err(|e| Error::bad_file(p, e.to_string()))?);
     }
     let summary = if shards.is_empty() {

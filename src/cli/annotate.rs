@@ -200,5 +200,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if opts.config.progress.mode != "none" {
         eprintln!("{}", summary.render());
     }
+    // Failed items are recorded and the run goes on; a run in which every item failed is an error
+    // (exit 2, as a direct command with failures), so a cluster job whose images all failed fails.
+    if summary.processed > 0 && summary.failed == summary.processed {
+        let first = summary.failures.first().map(|f| format!("; the first: {}: {}: {}", f.input, f.stage, f.reason)).unwrap_or_default();
+        return Err(UsageError(format!(
+            "annotate: every one of the {} inputs processed failed (recorded in {}/manifests/){first}",
+            summary.processed,
+            opts.output.display()
+        ))
+        .into());
+    }
     Ok(())
 }

@@ -21,10 +21,8 @@ pub struct Args {
 }
 
 fn mem_total() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(format!("{:.1} GiB", kb as f64 / (1u64 << 20) as f64))
+    let bytes = edgerun::memory::available::mem_total()?;
+    Some(format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64))
 }
 
 fn try_load(path: &Path) -> Result<String, String> {

@@ -6,7 +6,6 @@
 //! (34736), GeoAsciiParams (34737) and GDAL_NODATA (42113). The raster type (PixelIsArea / Point)
 //! lives in the GeoKey directory and travels with it. Band-specific GDAL metadata (42112) is not
 //! copied: the output has one band of a different meaning.
-use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -92,7 +91,7 @@ fn tiff_err(path: &Path, e: tiff::TiffError) -> Error {
 
 /// Whether the file starts with a TIFF or BigTIFF header.
 pub(crate) fn is_tiff(path: &Path) -> Result<bool> {
-    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut f = crate::fsutil::open_input(path)?;
     let mut magic = [0u8; 4];
     match f.read_exact(&mut magic) {
         Ok(()) => Ok(matches!(&magic, b"II*\0" | b"MM\0*" | b"II+\0" | b"MM\0+")),
@@ -127,7 +126,7 @@ impl GeoReference {
         if !is_tiff(path)? {
             return Ok(None);
         }
-        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let mut f = crate::fsutil::open_input(path)?;
         f.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
         let mut limits = Limits::default();
         limits.ifd_value_size = MAX_TAG_BYTES;
@@ -233,7 +232,7 @@ pub fn write_f32(path: &Path, width: u32, height: u32, values: &[f32], geo: Opti
 
 /// Reads a single-band float32 TIFF (as [`write_f32`] writes) into `(width, height, values)`.
 pub fn read_f32(path: &Path) -> Result<(u32, u32, Vec<f32>)> {
-    let f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let f = crate::fsutil::open_input(path)?;
     let mut dec = Decoder::new(BufReader::new(f)).map_err(|e| tiff_err(path, e))?;
     let (w, h) = dec.dimensions().map_err(|e| tiff_err(path, e))?;
     match dec.read_image().map_err(|e| tiff_err(path, e))? {

@@ -30,11 +30,10 @@ impl Default for ImageLimits {
 /// A truncated or corrupt file is an error, never a partially grey image.
 pub fn load_rgb(path: &Path, limits: &ImageLimits) -> Result<RgbImage> {
     let bad = |m: String| Error::bad_file(path, m);
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if meta.len() == 0 {
+    let bytes = crate::fsutil::read_input(path, limits.max_alloc)?;
+    if bytes.is_empty() {
         return Err(bad("file is empty".into()));
     }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let (w, h) = header_size(&bytes, limits).map_err(bad)?;
     let img = decode_bytes(&bytes, limits).map_err(bad)?;
     if img.dimensions() != (w, h) {

@@ -106,7 +106,7 @@ pub fn decode_npy_2d(bytes: &[u8]) -> std::result::Result<((usize, usize), Vec<f
 /// Reads a 2-D float16 or float32 `.npy` file (C order) as `(shape, values)`: the header is parsed
 /// and the data size checked against the file length before the data is read.
 pub fn read_npy_2d(path: &Path) -> Result<((usize, usize), Vec<f32>)> {
-    let f = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let f = crate::fsutil::open_input(path)?;
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
     read_2d_body(&mut std::io::BufReader::new(f), len).map_err(|m| Error::bad_file(path, m))
 }

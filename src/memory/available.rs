@@ -77,6 +77,12 @@ fn cuda_available(d: &candle_core::CudaDevice) -> Option<Available> {
     Available::smallest(figures, ignored)
 }
 
+/// The machine's memory (`MemTotal` in `/proc/meminfo`), in bytes, when it can be read.
+pub fn mem_total() -> Option<u64> {
+    let text = read_small(Path::new("/proc/meminfo"))?;
+    super::procfs::stat_field(&text, "MemTotal:")?.checked_mul(1024)
+}
+
 /// What the CPU can spare: the smallest of `MemAvailable` and every cgroup limit's headroom.
 pub fn cpu_available() -> Option<Available> {
     cpu_available_at(Path::new("/"))

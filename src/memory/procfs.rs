@@ -8,7 +8,7 @@ const MAX_FILE: u64 = 1 << 20;
 
 /// The text of a small file; `None` when it is missing, unreadable, not UTF-8 or longer than 1 MiB.
 pub(crate) fn read_small(path: &Path) -> Option<String> {
-    let f = std::fs::File::open(path).ok()?;
+    let f = crate::fsutil::open_input(path).ok()?;
     let mut text = String::new();
     f.take(MAX_FILE + 1).read_to_string(&mut text).ok()?;
     (text.len() as u64 <= MAX_FILE).then_some(text)

@@ -107,7 +107,7 @@ fn inject_kill_above() -> Option<usize> {
 
 /// Opens `path` for appending and locks it.
 fn open_locked(path: &Path) -> Result<File> {
-    let file = crate::fsutil::open_append(path)?;
+    let file = crate::fsutil::open_in_place(path.parent().unwrap_or(Path::new("")), path, crate::fsutil::InPlace::Append)?;
     if try_lock(&file) == Lock::Busy {
         return Err(Error::Config(format!("{} is locked: another edgerun run is using this output", path.display())));
     }
@@ -125,7 +125,7 @@ fn read_lines(path: &Path, notes: &mut Vec<String>) -> Result<Vec<Line>> {
         notes.push(format!("{}: {len} bytes, more than a pass log holds: started afresh", path.display()));
         return Ok(Vec::new());
     }
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::fsutil::read_input(path, MAX_LOG)?;
     let mut bad = 0;
     let lines: Vec<Line> = bytes
         .split(|&b| b == b'\n')

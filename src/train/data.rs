@@ -65,9 +65,21 @@ fn name_hash(name: &str) -> u64 {
 impl Dataset {
     /// Lists `data/images`, pairs each image with `data/targets/<stem>.<npy|png>` (a missing target is
     /// an error naming it) and holds out `⌈n · val_fraction⌉` pairs, the ones with the smallest name hash.
+    /// A symbolic link (`images/`, `targets/` or a file in them) that leads out of `data` is an error,
+    /// as every command refuses to follow one out of its input root.
     pub(crate) fn open(data: &Path, val_fraction: f64, kind: TargetKind) -> Result<Self> {
         let images = data.join("images");
         let targets = data.join("targets");
+        let root = data.canonicalize().map_err(|e| Error::io(data, e))?;
+        let inside = |p: &Path| -> Result<()> {
+            let is_link = std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink());
+            if is_link && !p.canonicalize().is_ok_and(|c| c.starts_with(&root)) {
+                return Err(Error::bad_file(p, format!("a symbolic link out of the data directory {}: not followed (links are followed only inside it)", data.display())));
+            }
+            Ok(())
+        };
+        inside(&images)?;
+        inside(&targets)?;
         let list = std::fs::read_dir(&images).map_err(|e| Error::Io { path: images.clone(), source: e })?;
         let mut pairs = Vec::new();
         for entry in list {
@@ -77,6 +89,7 @@ impl Dataset {
             if !IMAGE_SUFFIXES.contains(&ext.as_str()) || !path.is_file() {
                 continue;
             }
+            inside(&path)?;
             let name = path
                 .file_stem()
                 .and_then(|s| s.to_str())
@@ -86,6 +99,7 @@ impl Dataset {
             if !target.is_file() {
                 return Err(Error::bad_file(&path, format!("no target: {} is missing", target.display())));
             }
+            inside(&target)?;
             pairs.push(Pair { name, image: path, target });
             if pairs.len() > MAX_ITEMS {
                 return Err(Error::bad_file(&images, format!("more than {MAX_ITEMS} images")));

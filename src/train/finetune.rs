@@ -2,14 +2,14 @@
 //! of the weights, validation, `last/` + `best/` model directories, a JSONL log and resumable state.
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::adamw::{AdamW, AdamWConfig};
-use super::outputs::{load_state, recover_model_dir, save_model_dir, save_state, StateMeta};
+use super::outputs::{first_non_finite, load_state, save_model_dir, save_state, StateMeta};
 use super::recompute::{checkpointed_step, KeptInputs, SpillFile};
 use super::config::FinetuneConfig;
 use super::data::{load_pixels, load_target, Augment, Dataset, Pair, SampleSpec};
@@ -21,6 +21,7 @@ use super::schedule::{OneCycle, OneCycleConfig};
 use super::select::{select, TrainSpec};
 use super::objective::{target_kind, trained_checkpoints, ClassOverlap, Loss};
 use crate::error::{Error, Result};
+use crate::fsutil::{check_dir_target, create_dir_in, lock_dir, open_in_place, recover_dir_swap, register_input, InPlace};
 use crate::models::processor::processor_file;
 use crate::models::training::{Features, Prediction, Trainee};
 use crate::models::Checkpoint;
@@ -61,6 +62,10 @@ struct Job {
     device: Device,
     /// Files copied beside the weights in `last/` and `best/` (the model's preprocessing).
     extra_files: Vec<(&'static str, Vec<u8>)>,
+    /// Samples ((validation?, index)) whose every target pixel is ignored: skipped, warned about once.
+    ignored: std::collections::BTreeSet<(bool, usize)>,
+    /// Targets found entirely ignored since the caller last took them (for its warning).
+    newly_ignored: Vec<std::path::PathBuf>,
 }
 
 /// Runs (or resumes) the fine-tuning `cfg` describes; `note` receives progress lines.
@@ -77,6 +82,9 @@ impl Job {
         let layout = ckpt.family().training().filter(|_| ckpt.serves(task)).ok_or_else(|| {
             Error::bad_file(&cfg.model, format!("task `{}` fine-tunes {}; this is `{}`", task.name(), trained_checkpoints(task), ckpt.architecture()))
         })?;
+        // Inputs of the run: no output (a swapped `best/`, say) may replace them.
+        register_input(&cfg.model);
+        register_input(&cfg.data);
         let store = ckpt.store().clone();
         let spec = cfg.train;
         let names: Vec<String> = store.entries().keys().cloned().collect();
@@ -107,7 +115,7 @@ impl Job {
         let sample = SampleSpec { size: (h, w), mean: n.mean, std: n.std, filter: n.filter, target: target_kind(task) };
         drop(ckpt);
         let extra_files = preprocessor_file(&cfg.model)?.map(|b| vec![("preprocessor_config.json", b)]).unwrap_or_default();
-        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files })
+        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files, ignored: Default::default(), newly_ignored: Vec::new() })
     }
 
     fn micro_per_epoch(&self) -> usize {
@@ -118,16 +126,27 @@ impl Job {
         self.micro_per_epoch().div_ceil(self.cfg.accumulate)
     }
 
-    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks. An
-    /// image whose frozen-backbone features are cached is not decoded again; only its target is read.
-    fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<(Inputs, Tensor)> {
+    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks, and
+    /// how many samples they hold; None when every sample's target is entirely ignored. A sample
+    /// whose every target pixel is ignored (legal input: an all-NaN depth map, a class map of the
+    /// ignore index only) is left out and recorded in `ignored`. An image whose frozen-backbone
+    /// features are cached is not decoded again; only its target is read.
+    fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<Option<(Inputs, Tensor, usize)>> {
         let mut pixels = Vec::with_capacity(pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         let mut feats = Vec::with_capacity(pairs.len());
         for (&(val, i), aug) in pairs.iter().zip(augment) {
             let pair: &Pair = if val { &self.data.val[i] } else { &self.data.train[i] };
+            if self.ignored.contains(&(val, i)) {
+                continue;
+            }
             let target = load_target(pair, &self.sample, *aug, &self.device)?;
             self.check_classes(pair, &target)?;
+            if !self.loss.counts_any(&target)? {
+                self.ignored.insert((val, i));
+                self.newly_ignored.push(pair.target.clone());
+                continue;
+            }
             targets.push(target);
             if self.spec == TrainSpec::Head {
                 let key = (val, i);
@@ -147,13 +166,29 @@ impl Job {
                 pixels.push(load_pixels(pair, &self.sample, *aug, &self.device)?);
             }
         }
+        if targets.is_empty() {
+            return Ok(None);
+        }
         let inputs = if self.spec == TrainSpec::Head {
             let refs: Vec<&_> = feats.iter().collect();
             Inputs::Features(Features::stack(&refs)?)
         } else {
             Inputs::Pixels(Tensor::stack(&pixels, 0)?)
         };
-        Ok((inputs, Tensor::stack(&targets, 0)?))
+        Ok(Some((inputs, Tensor::stack(&targets, 0)?, targets.len())))
+    }
+
+    /// Warns once about each target found entirely ignored, and refuses a training split left with
+    /// nothing to learn from.
+    fn report_ignored(&mut self, note: &mut dyn FnMut(&str)) -> Result<()> {
+        for t in self.newly_ignored.drain(..) {
+            note(&format!("warning: {}: every target pixel is ignored (NaN, infinite, out of range or the ignore index): sample skipped", t.display()));
+        }
+        let train_ignored = self.ignored.iter().filter(|(val, _)| !val).count();
+        if train_ignored == self.data.train.len() {
+            return Err(Error::bad_file(&self.cfg.data, "every training target is entirely ignored: nothing to learn from"));
+        }
+        Ok(())
     }
 
     /// A class map may only hold the model's classes and the ignore index.
@@ -190,7 +225,7 @@ impl Job {
     }
 
     /// Mean validation loss and, for segmentation, the mean IoU (EMA weights swapped in when there is an EMA).
-    fn validate(&mut self, ema: Option<&Ema>) -> Result<Option<(f64, Option<f64>)>> {
+    fn validate(&mut self, ema: Option<&Ema>, note: &mut dyn FnMut(&str)) -> Result<Option<(f64, Option<f64>)>> {
         if self.data.val.is_empty() {
             return Ok(None);
         }
@@ -199,21 +234,26 @@ impl Job {
             set_vars(&self.params, &ema.tensors().iter().map(|(_, t)| t.clone()).collect::<Vec<_>>())?;
         }
         let n = self.data.val.len();
-        let mut total = 0.0;
+        let (mut total, mut counted) = (0.0, 0usize);
         let mut overlap = ClassOverlap::default();
         let mut result = Ok(());
         for start in (0..n).step_by(self.cfg.batch) {
             let idx: Vec<(bool, usize)> = (start..(start + self.cfg.batch).min(n)).map(|i| (true, i)).collect();
-            let r = self.inputs(&idx, &vec![None; idx.len()]).and_then(|(x, t)| {
+            let r = self.inputs(&idx, &vec![None; idx.len()]).and_then(|batch| {
+                let Some((x, t, used)) = batch else { return Ok(None) };
                 let pred = self.predict(&x)?.detach();
                 if let Some(ignore) = self.loss.ignore_index() {
                     overlap.add(&pred, &t, ignore)?;
                 }
                 let l = self.loss.apply(&pred, &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                Ok(l)
+                Ok(Some((l, used)))
             });
             match r {
-                Ok(l) => total += l * idx.len() as f64,
+                Ok(Some((l, used))) => {
+                    total += l * used as f64;
+                    counted += used;
+                }
+                Ok(None) => {}
                 Err(e) => {
                     result = Err(e);
                     break;
@@ -222,7 +262,11 @@ impl Job {
         }
         set_vars(&self.params, &live)?;
         result?;
-        Ok(Some((total / n as f64, overlap.mean_iou())))
+        for t in self.newly_ignored.drain(..) {
+            note(&format!("warning: {}: every target pixel is ignored: validation sample skipped", t.display()));
+        }
+        // A validation split whose every target is ignored measures nothing: as if there were none.
+        Ok((counted > 0).then(|| (total / counted as f64, overlap.mean_iou())))
     }
 
     fn extra(&self) -> Vec<(&'static str, &[u8])> {
@@ -239,9 +283,12 @@ impl Job {
 
     fn run(mut self, note: &mut dyn FnMut(&str)) -> Result<Summary> {
         let out = self.cfg.out.clone();
-        std::fs::create_dir_all(out.join("state")).map_err(|e| Error::io(&out, e))?;
+        // One run per output directory; every refusal about the outputs comes before any step.
+        let _lock = lock_dir(&out, "finetune")?;
+        create_dir_in(&out, &out.join("state"))?;
         for d in ["last", "best"] {
-            recover_model_dir(&out.join(d))?;
+            recover_dir_swap(&out.join(d))?;
+            check_dir_target(&out.join(d))?;
         }
         let total = self.cfg.epochs.checked_mul(self.steps_per_epoch()).ok_or_else(|| Error::Config("epochs × steps per epoch overflows".into()))?;
         let sched = OneCycle::new(OneCycleConfig {
@@ -260,11 +307,10 @@ impl Job {
         let log_path = out.join("log.jsonl");
         let fingerprint = self.cfg.fingerprint();
         let (mut step, mut best_val) = (0usize, None::<f64>);
-        if state_path.exists() {
+        let mut log = open_in_place(&out, &log_path, InPlace::Append)?;
+        if std::fs::symlink_metadata(&state_path).is_ok() {
             let (tensors, meta) = load_state(&state_path, &self.device)?;
-            if meta.fingerprint != fingerprint {
-                return Err(Error::bad_file(&state_path, "saved by a run with other settings (model, data, schedule…); use another --out or delete it to start over"));
-            }
+            meta.check(&state_path, total, &fingerprint)?;
             let take = |prefix: &str| -> HashMap<String, Tensor> {
                 tensors.iter().filter_map(|(k, t)| k.strip_prefix(prefix).map(|n| (n.to_string(), t.clone()))).collect()
             };
@@ -274,19 +320,19 @@ impl Job {
                 .iter()
                 .map(|(n, _)| params.get(n).cloned().ok_or_else(|| Error::bad_tensor(&state_path, format!("param.{n}"), "missing")))
                 .collect::<Result<Vec<_>>>()?;
-            set_vars(&self.params, &values)?;
-            adam.load_state(&take("adam."), meta.adam_steps)?;
+            let in_state = |e: Error| Error::bad_file(&state_path, e.to_string());
+            set_vars(&self.params, &values).map_err(in_state)?;
+            adam.load_state(&take("adam."), meta.adam_steps).map_err(in_state)?;
             if let Some(e) = ema.as_mut() {
-                e.load(&take("ema."))?;
+                e.load(&take("ema.")).map_err(in_state)?;
             }
             step = meta.step;
             best_val = meta.best_val;
-            truncate_log(&log_path, meta.log_len)?;
+            cut_log(&log, &log_path, meta.log_len, note)?;
             note(&format!("resuming at step {step} of {total}"));
         } else {
-            truncate_log(&log_path, 0)?;
+            cut_log(&log, &log_path, 0, note)?;
         }
-        let mut log = std::fs::OpenOptions::new().append(true).create(true).open(&log_path).map_err(|e| Error::io(&log_path, e))?;
         let trainable: usize = self.params.iter().map(|(_, v)| v.elem_count()).sum();
         note(&format!(
             "{} trainable tensors ({trainable} values), {} training / {} validation images, {total} steps of {} × {}",
@@ -304,7 +350,7 @@ impl Job {
             _ if self.spec == TrainSpec::Head => None,
             (false, _) => None,
             (true, false) => Some(KeptInputs::Device(HashMap::new())),
-            (true, true) if self.device.is_cpu() => Some(KeptInputs::Spill(SpillFile::create(&spill)?)),
+            (true, true) if self.device.is_cpu() => Some(KeptInputs::Spill(SpillFile::create(&out, &spill)?)),
             (true, true) => Some(KeptInputs::Host(HashMap::new(), self.device.clone())),
         };
         while step < total {
@@ -313,14 +359,17 @@ impl Job {
             let micro_lo = in_epoch * self.cfg.accumulate;
             let micro_hi = (micro_lo + self.cfg.accumulate).min(self.micro_per_epoch());
             let k = micro_hi - micro_lo;
-            let mut loss_sum = 0.0;
+            let (mut loss_sum, mut used) = (0.0, 0usize);
             for m in micro_lo..micro_hi {
                 let idx: Vec<(bool, usize)> = order[m * self.cfg.batch..((m + 1) * self.cfg.batch).min(order.len())].iter().map(|&i| (false, i)).collect();
                 let augs: Vec<Option<Augment>> = idx
                     .iter()
                     .map(|&(_, i)| self.cfg.augment.then(|| Augment::draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, i as u64, 1]))))
                     .collect();
-                let (inputs, target) = self.inputs(&idx, &augs)?;
+                let batch = self.inputs(&idx, &augs)?;
+                self.report_ignored(note)?;
+                // Left out: its contribution to the step is zero (the others stay divided by k).
+                let Some((inputs, target, _)) = batch else { continue };
                 let value = match (&mut kept, &inputs) {
                     (Some(kept), Inputs::Pixels(pixels)) => {
                         let loss_fn = |pred: &Tensor| -> Result<Tensor> { Ok((self.loss.apply(pred, &target)? / k as f64)?) };
@@ -340,25 +389,42 @@ impl Job {
                     return Err(Error::Input(format!("the loss is {value} at step {step} (images {}); nothing was saved over the last checkpoint", names(&self.data.train, &idx))));
                 }
                 loss_sum += value;
+                used += 1;
             }
             let lr = sched.lr(step)?;
             adam.set_lr(lr);
             if let Some(beta1) = sched.momentum(step)? {
                 adam.set_beta1(beta1);
             }
-            let grad_norm = if self.cfg.clip_grad_norm > 0.0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
-            adam.step(&grads)?;
+            // A step whose every sample was left out has no gradient: the weights stay as they are.
+            let grad_norm = if self.cfg.clip_grad_norm > 0.0 && used > 0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
+            if used > 0 {
+                adam.step(&grads)?;
+            }
             grads.clear();
+            if inject_nan_at() == Some(step + 1) {
+                let (_, v) = &self.params[0];
+                v.set(&(v.as_tensor() * f64::NAN)?)?;
+            }
+            let params = self.named_tensors();
+            if let Some(name) = first_non_finite(params.iter().map(|(n, t)| (n.as_str(), t)))? {
+                return Err(Error::Input(format!(
+                    "step {} turned `{name}` non-finite (NaN or infinite; try a lower max_lr or clip_grad_norm); nothing was saved over the last checkpoint",
+                    step + 1
+                )));
+            }
             step += 1;
             if let Some(e) = ema.as_mut() {
-                e.update(&self.named_tensors(), step as u64)?;
+                e.update(&params, step as u64)?;
             }
-            let loss = loss_sum / k as f64;
+            // null in the log when every micro-batch of the step was left out.
+            let loss = (used > 0).then(|| loss_sum / used as f64);
             write_line(&mut log, &log_path, serde_json::json!({"step": step, "lr": lr, "loss": loss, "grad_norm": grad_norm}))?;
             if step % self.cfg.val_every == 0 || step == total {
-                if let Some((v, miou)) = self.validate(ema.as_ref())? {
+                if let Some((v, miou)) = self.validate(ema.as_ref(), note)? {
                     let mut line = serde_json::json!({"step": step, "val_loss": v});
-                    let mut msg = format!("step {step}/{total}: loss {loss:.5}, val_loss {v:.5}");
+                    let shown = loss.map_or_else(|| "- (every sample ignored)".to_string(), |l| format!("{l:.5}"));
+                    let mut msg = format!("step {step}/{total}: loss {shown}, val_loss {v:.5}");
                     if let Some(m) = miou {
                         line["val_miou"] = serde_json::json!(m);
                         msg.push_str(&format!(", val_miou {m:.4}"));
@@ -395,6 +461,13 @@ impl Job {
     }
 }
 
+/// Test hook: with `EDGERUN_INJECT_NAN_AT_STEP=N`, optimiser step N turns the first trained tensor
+/// into NaN (as a diverging step does), so the refusal to save it can be tested end to end.
+fn inject_nan_at() -> Option<usize> {
+    static AT: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| std::env::var("EDGERUN_INJECT_NAN_AT_STEP").ok().and_then(|v| v.trim().parse().ok()))
+}
+
 /// `preprocessor_config.json` beside the model, copied into the outputs.
 fn preprocessor_file(model: &Path) -> Result<Option<Vec<u8>>> {
     processor_file(model).map(|p| crate::fsutil::read_input(&p, crate::fsutil::MAX_TEXT_INPUT)).transpose()
@@ -419,7 +492,13 @@ fn write_line(log: &mut std::fs::File, path: &Path, v: serde_json::Value) -> Res
 }
 
 /// Cuts `log.jsonl` back to `len` bytes (lines written after the state being resumed are replayed).
-fn truncate_log(path: &PathBuf, len: u64) -> Result<()> {
-    let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).map_err(|e| Error::io(path, e))?;
-    f.set_len(len).map_err(|e| Error::io(path, e))
+/// Never lengthens it: a log shorter than the state says (deleted, truncated, or a length altered)
+/// is kept as it is, with a warning.
+fn cut_log(log: &std::fs::File, path: &Path, len: u64, note: &mut dyn FnMut(&str)) -> Result<()> {
+    let now = log.metadata().map_err(|e| Error::io(path, e))?.len();
+    if now < len {
+        note(&format!("warning: {}: {now} bytes, shorter than the {len} the state recorded (deleted or cut?); new lines follow what is there", path.display()));
+        return Ok(());
+    }
+    log.set_len(len).map_err(|e| Error::io(path, e))
 }

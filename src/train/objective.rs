@@ -1,6 +1,6 @@
 //! What fine-tuning optimises for each task: the tasks that train and what their targets hold, the
 //! losses a task accepts and the one chosen by default, and the mean IoU of segmentation.
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use super::data::TargetKind;
 use super::losses;
@@ -93,6 +93,18 @@ impl Loss {
             Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => Some(ignore),
             _ => None,
         }
+    }
+
+    /// Whether `target` has a pixel this loss counts (the rule the losses apply: a class other than
+    /// the ignore index; a finite value, and for `silog` a positive one).
+    pub(crate) fn counts_any(self, target: &Tensor) -> Result<bool> {
+        let t = target.to_dtype(DType::F64)?;
+        let keep = match self {
+            Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => t.ne(ignore as f64)?,
+            Loss::Silog => t.abs()?.le(f64::MAX)?.mul(&t.gt(0.0)?)?,
+            _ => t.abs()?.le(f64::MAX)?,
+        };
+        Ok(keep.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()? > 0.0)
     }
 
     /// The loss of `pred` against `target` `[B, H, W]`. A prediction of another size (a head whose

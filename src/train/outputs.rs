@@ -1,26 +1,27 @@
 //! What fine-tuning writes: model directories in the checkpoint's own layout (`config.json` +
 //! `model.safetensors`, hub key names) swapped in whole, and the resume state as one atomic file.
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsutil::write_atomic;
+use crate::fsutil::{write_atomic, DirSwap};
 use crate::models::NamedTensors;
 use crate::weights::WeightStore;
 
 /// Writes `dir` (e.g. `<out>/best`) as a model directory: every tensor of `store` under its stored
 /// name, replaced by `updated` where it trains, plus `extra` files (the model's preprocessing). The
-/// directory is built beside `dir` and swapped in with renames, so `dir` is at every moment either
-/// the previous complete model or the new one.
+/// directory is built beside `dir` and swapped in whole ([`DirSwap`]: never over an input, nothing left
+/// behind on an error), so `dir` is at every moment either the previous complete model or the new one.
+/// Non-finite weights are never written.
 pub(crate) fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tensor>, extra: &[(&str, &[u8])], dir: &Path) -> Result<()> {
-    let (tmp, old) = siblings(dir)?;
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    if let Some(name) = first_non_finite(updated.iter().map(|(n, t)| (n.as_str(), t)))? {
+        return Err(non_finite(dir, name));
     }
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    let swap = DirSwap::create(dir)?;
+    let tmp = swap.path();
     let mut tensors = NamedTensors::new();
     for (name, entry) in store.entries() {
         let t = match updated.get(name) {
@@ -34,46 +35,39 @@ pub(crate) fn save_model_dir(store: &WeightStore, updated: &HashMap<String, Tens
         };
         tensors.insert(name.clone(), t);
     }
-    let config = serde_json::to_vec_pretty(store.config()).map_err(|e| Error::bad_file(&tmp, e.to_string()))?;
+    let config = serde_json::to_vec_pretty(store.config()).map_err(|e| Error::bad_file(tmp, e.to_string()))?;
     write_atomic(tmp.join("config.json"), &config)?;
     for (name, bytes) in extra {
         write_atomic(tmp.join(name), bytes)?;
     }
     crate::tensor_io::write_tensors(&tmp.join("model.safetensors"), &tensors)?;
-    if dir.exists() {
-        if old.exists() {
-            std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
+    swap.commit()
+}
+
+/// The name of the first tensor holding a NaN or an infinity, if any. A sum is cheap on any device;
+/// only a tensor whose sum is not finite is read back and looked at value by value (a sum of finite
+/// values can overflow).
+pub(crate) fn first_non_finite<'a>(tensors: impl IntoIterator<Item = (&'a str, &'a Tensor)>) -> Result<Option<&'a str>> {
+    for (name, t) in tensors {
+        if !t.dtype().is_float() {
+            continue;
         }
-        std::fs::rename(dir, &old).map_err(|e| Error::io(dir, e))?;
+        let sum = t.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
+        if !sum.is_finite() && t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().any(|v| !v.is_finite()) {
+            return Ok(Some(name));
+        }
     }
-    std::fs::rename(&tmp, dir).map_err(|e| Error::io(dir, e))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e))?;
-    }
-    Ok(())
+    Ok(None)
 }
 
-/// Finishes a swap that a crash interrupted: `dir` missing but its `.old` copy present → put it back.
-pub(crate) fn recover_model_dir(dir: &Path) -> Result<()> {
-    let (tmp, old) = siblings(dir)?;
-    if !dir.exists() && old.is_dir() {
-        std::fs::rename(&old, dir).map_err(|e| Error::io(dir, e))?;
-    }
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    }
-    Ok(())
-}
-
-fn siblings(dir: &Path) -> Result<(PathBuf, PathBuf)> {
-    let name = dir.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::bad_file(dir, "not a directory name"))?;
-    let parent = dir.parent().unwrap_or(Path::new("."));
-    Ok((parent.join(format!(".{name}.tmp")), parent.join(format!(".{name}.old"))))
+/// The refusal to save non-finite weights.
+fn non_finite(path: &Path, tensor: &str) -> Error {
+    Error::Input(format!("{}: not saved: tensor `{tensor}` holds NaN or infinite values", path.display()))
 }
 
 /// Everything besides tensors that resume needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct StateMeta {
+pub struct StateMeta {
     /// Optimiser steps taken.
     pub step: usize,
     /// AdamW's own step count.
@@ -88,8 +82,31 @@ pub(crate) struct StateMeta {
 
 const META_KEY: &str = "edgerun.finetune";
 
-/// Writes the state (tensors + meta) atomically to `path`.
+impl StateMeta {
+    /// Refuses a state that does not belong to a run of `total` steps with `fingerprint`: other
+    /// settings, a step beyond the run, more optimiser steps than steps, a non-finite loss.
+    pub fn check(&self, path: &Path, total: usize, fingerprint: &str) -> Result<()> {
+        if self.fingerprint != fingerprint {
+            return Err(Error::bad_file(path, "saved by a run with other settings (model, data, schedule…); use another --out or delete it to start over"));
+        }
+        if self.step > total {
+            return Err(Error::bad_file(path, format!("is at step {}, beyond this run's {total} steps: saved by another run or altered; delete it to start over", self.step)));
+        }
+        if self.adam_steps > self.step as u64 {
+            return Err(Error::bad_file(path, format!("optimiser step count {} is beyond the step {}: altered; delete it to start over", self.adam_steps, self.step)));
+        }
+        if self.best_val.is_some_and(|v| !v.is_finite()) {
+            return Err(Error::bad_file(path, "best validation loss is not finite: altered; delete it to start over"));
+        }
+        Ok(())
+    }
+}
+
+/// Writes the state (tensors + meta) atomically to `path`; non-finite tensors are never written.
 pub(crate) fn save_state(path: &Path, tensors: &[(String, Tensor)], meta: &StateMeta) -> Result<()> {
+    if let Some(name) = first_non_finite(tensors.iter().map(|(n, t)| (n.as_str(), t)))? {
+        return Err(non_finite(path, name));
+    }
     let mut cpu = Vec::with_capacity(tensors.len());
     for (n, t) in tensors {
         cpu.push((n.clone(), t.to_dtype(DType::F32)?.to_device(&Device::Cpu)?.contiguous()?));
@@ -101,8 +118,9 @@ pub(crate) fn save_state(path: &Path, tensors: &[(String, Tensor)], meta: &State
     write_atomic(path, &bytes)
 }
 
-/// Reads a state written by [`save_state`] (validated like any weight file).
-pub(crate) fn load_state(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, StateMeta)> {
+/// Reads a state written by [`save_state`] (validated like any weight file; a non-finite tensor is
+/// refused). [`StateMeta::check`] says whether it belongs to a run.
+pub fn load_state(path: &Path, device: &Device) -> Result<(HashMap<String, Tensor>, StateMeta)> {
     let store = WeightStore::open(path)?;
     let json = match store.metadata().get(META_KEY) {
         Some(crate::weights::MetaValue::String(s)) => s.clone(),
@@ -112,6 +130,9 @@ pub(crate) fn load_state(path: &Path, device: &Device) -> Result<(HashMap<String
     let mut tensors = HashMap::new();
     for name in store.entries().keys() {
         tensors.insert(name.clone(), store.tensor(name, DType::F32, device)?);
+    }
+    if let Some(name) = first_non_finite(tensors.iter().map(|(n, t)| (n.as_str(), t)))? {
+        return Err(Error::bad_tensor(path, name, "holds NaN or infinite values: altered; delete the state to start over"));
     }
     Ok((tensors, meta))
 }

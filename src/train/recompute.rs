@@ -34,9 +34,10 @@ pub struct SpillFile {
 }
 
 impl SpillFile {
-    /// Creates (truncates) the spill file `path`.
-    pub fn create(path: &Path) -> Result<Self> {
-        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(path).map_err(|e| Error::io(path, e))?;
+    /// Creates (truncates) the spill file `path` inside the output directory `root` (never through a
+    /// link, never over a FIFO, device or input: [`crate::fsutil::open_in_place`]).
+    pub fn create(root: &Path, path: &Path) -> Result<Self> {
+        let file = crate::fsutil::open_in_place(root, path, crate::fsutil::InPlace::Rewrite)?;
         Ok(SpillFile { path: path.to_path_buf(), file, slots: HashMap::new(), end: 0 })
     }
 

@@ -37,6 +37,19 @@ pub enum MetaValue {
 }
 
 impl MetaValue {
+    /// Bytes one decoded value takes in memory, besides a string's bytes.
+    pub const SIZE: u64 = std::mem::size_of::<MetaValue>() as u64;
+
+    /// Bytes this value takes in memory decoded (what [`Limits::max_metadata_bytes`] counts).
+    pub fn decoded_bytes(&self) -> u64 {
+        Self::SIZE
+            + match self {
+                MetaValue::String(s) => s.len() as u64,
+                MetaValue::Array(v) => v.iter().map(MetaValue::decoded_bytes).sum(),
+                _ => 0,
+            }
+    }
+
     /// The value as a string, when it is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {
@@ -101,6 +114,8 @@ struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
     limits: &'a Limits,
+    /// Decoded metadata bytes still allowed ([`Limits::max_metadata_bytes`]).
+    budget: u64,
 }
 
 impl<'a> Cursor<'a> {
@@ -123,6 +138,13 @@ impl<'a> Cursor<'a> {
     fn u64(&mut self, what: &str) -> Result<u64, String> {
         Ok(u64::from_le_bytes(self.arr(what)?))
     }
+    /// Takes `n` bytes of decoded metadata from the budget, or says the whole is too large.
+    fn charge(&mut self, n: u64, what: &str) -> Result<(), String> {
+        self.budget = self.budget.checked_sub(n).ok_or_else(|| {
+            format!("{what}: the metadata takes more than {} bytes decoded (the limit on all of a file's metadata)", self.limits.max_metadata_bytes)
+        })?;
+        Ok(())
+    }
     fn string(&mut self, what: &str) -> Result<String, String> {
         let len = self.u64(what)?;
         if len > self.limits.max_string_bytes {
@@ -132,6 +154,7 @@ impl<'a> Cursor<'a> {
         String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not valid UTF-8"))
     }
     fn value(&mut self, ty: u32, depth: usize, what: &str) -> Result<MetaValue, String> {
+        self.charge(MetaValue::SIZE, what)?;
         Ok(match ty {
             0 => MetaValue::U8(self.arr::<1>(what)?[0]),
             1 => MetaValue::I8(self.arr::<1>(what)?[0] as i8),
@@ -145,7 +168,11 @@ impl<'a> Cursor<'a> {
                 1 => MetaValue::Bool(true),
                 b => return Err(format!("{what}: invalid boolean byte {b}")),
             },
-            8 => MetaValue::String(self.string(what)?),
+            8 => {
+                let s = self.string(what)?;
+                self.charge(s.len() as u64, what)?;
+                MetaValue::String(s)
+            }
             9 => {
                 if depth >= self.limits.max_array_depth {
                     return Err(format!("{what}: arrays nested deeper than {}", self.limits.max_array_depth));
@@ -167,6 +194,13 @@ impl<'a> Cursor<'a> {
                 let remaining = (self.buf.len() - self.pos) as u64;
                 if n.saturating_mul(min_elem) > remaining {
                     return Err(format!("{what}: array of {n} elements cannot fit in the {remaining} bytes left: truncated?"));
+                }
+                // Refused before any element is read when even bare values would not fit.
+                if n.saturating_mul(MetaValue::SIZE) > self.budget {
+                    return Err(format!(
+                        "{what}: array of {n} elements takes more than the {} bytes all of a file's metadata may take decoded",
+                        self.limits.max_metadata_bytes
+                    ));
                 }
                 // Grows as elements are actually read; the declared count only sizes a bounded hint.
                 let mut v = Vec::with_capacity(n.min(4096) as usize);
@@ -190,7 +224,7 @@ pub(crate) const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// Parses and validates a GGUF file whose whole contents are `bytes`.
 pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<GgufHeader, String> {
-    let mut c = Cursor { buf: bytes, pos: 0, limits };
+    let mut c = Cursor { buf: bytes, pos: 0, limits, budget: limits.max_metadata_bytes };
     if c.take(4, "magic")? != MAGIC {
         return Err("not a GGUF file (bad magic)".into());
     }
@@ -209,6 +243,7 @@ pub fn parse(bytes: &[u8], file: usize, limits: &Limits) -> Result<GgufHeader, S
     let mut metadata = BTreeMap::new();
     for i in 0..n_kv {
         let key = c.string(&format!("metadata key #{i}"))?;
+        c.charge(key.len() as u64 + MetaValue::SIZE, &format!("metadata key #{i}"))?;
         let ty = c.u32(&format!("type of metadata `{key}`"))?;
         let v = c.value(ty, 0, &format!("metadata `{key}`"))?;
         if metadata.insert(key.clone(), v).is_some() {

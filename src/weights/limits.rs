@@ -19,6 +19,10 @@ pub struct Limits {
     pub max_array_len: u64,
     /// Deepest nesting of metadata arrays.
     pub max_array_depth: usize,
+    /// Most memory all of a file's decoded metadata may take, in bytes (each value counted at its
+    /// in-memory size, [`crate::weights::MetaValue::SIZE`], plus its string bytes): a one-byte
+    /// boolean takes 32 bytes decoded, so per-array caps alone let a file expand 32×.
+    pub max_metadata_bytes: u64,
 }
 
 impl Default for Limits {
@@ -32,6 +36,7 @@ impl Default for Limits {
             max_string_bytes: 1 << 20,
             max_array_len: 1 << 24,
             max_array_depth: 4,
+            max_metadata_bytes: 64 << 20,
         }
     }
 }

@@ -128,8 +128,7 @@ impl std::fmt::Debug for WeightStore {
 }
 
 fn map_file(path: &Path) -> Result<Mapped> {
-    crate::fsutil::check_input_file(path)?;
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::fsutil::open_input(path)?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len == 0 {
         return Err(Error::bad_file(path, "file is empty"));
@@ -171,7 +170,7 @@ impl WeightStore {
         let mut magic = [0u8; 4];
         {
             use std::io::Read;
-            let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+            let mut f = crate::fsutil::open_input(path)?;
             let n = f.read(&mut magic).map_err(|e| Error::io(path, e))?;
             if n < 4 {
                 magic = [0; 4];
