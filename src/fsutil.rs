@@ -434,13 +434,22 @@ pub(crate) enum Lock {
     Unsupported,
 }
 
+/// How long a busy lock is tried again before it counts as held by another run: a process that
+/// another thread of ours forks holds a copy of a file we just closed (and its lock) until it execs.
+const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// An exclusive, non-blocking advisory lock on `f` (`flock` on Linux), released when `f` is closed
-/// or the process dies (so a kill -9 never leaves a stale lock).
+/// or the process dies (so a kill -9 never leaves a stale lock); busy for [`LOCK_GRACE`] before
+/// [`Lock::Busy`].
 pub(crate) fn try_lock(f: &File) -> Lock {
-    match f.try_lock() {
-        Ok(()) => Lock::Held,
-        Err(std::fs::TryLockError::WouldBlock) => Lock::Busy,
-        Err(std::fs::TryLockError::Error(_)) => Lock::Unsupported,
+    let deadline = std::time::Instant::now() + LOCK_GRACE;
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Lock::Held,
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(std::fs::TryLockError::WouldBlock) => return Lock::Busy,
+            Err(std::fs::TryLockError::Error(_)) => return Lock::Unsupported,
+        }
     }
 }
 
