@@ -10,6 +10,7 @@
 //! - [`decode`]: reading and decoding inputs under size limits;
 //! - [`scheduler`]: decode pool → batched inference → writer pool → journal;
 //! - [`session`]: journals, pass logs and loaded models kept between batches; planning;
+//! - [`watch`]: `--watch`, frames processed as they land;
 //! - [`progress`]: the progress display and the summary.
 pub mod config;
 pub mod decode;
@@ -23,6 +24,7 @@ pub(crate) mod session;
 pub mod shard;
 pub mod stages;
 pub mod tiled;
+pub mod watch;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
