@@ -40,6 +40,7 @@ struct Candidate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BackendKind {
     /// inotify events (Linux).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     Inotify,
     /// Re-listing the tree every `poll_interval_s`.
     Poll,
@@ -64,6 +65,7 @@ pub(crate) struct DetectOptions {
 
 /// What an event source reports about a path relative to the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub(crate) enum Event {
     /// A file was created or written to (a writer has it open).
     Writing(String),
@@ -101,8 +103,7 @@ impl Detector {
     /// A detector on `o.root`, with inotify when `want` allows and it works (else polling; the
     /// reason is returned as a note).
     pub(crate) fn new(o: DetectOptions, want: &str) -> (Detector, Option<String>) {
-        let mut note = None;
-        let mut d = Detector {
+        let d = Detector {
             kind: BackendKind::Poll,
             #[cfg(target_os = "linux")]
             inotify: None,
@@ -117,27 +118,34 @@ impl Detector {
         if want == "poll" {
             return (d, None);
         }
-        #[cfg(target_os = "linux")]
-        {
-            if want == "auto" {
-                if let Some(fs) = super::mounts::network_fs(&d.o.root) {
-                    let why = format!("{} is on a network filesystem ({fs}): polling every {:?}", d.o.root.display(), d.o.poll_every);
-                    return (d, Some(why));
-                }
-            }
-            match super::inotify::Source::new(&d.o.root, d.o.exclude.as_deref()) {
-                Ok(src) => {
-                    d.inotify = Some(src);
-                    d.kind = BackendKind::Inotify;
-                }
-                Err(e) => note = Some(format!("inotify is not available ({e}): polling every {:?}", d.o.poll_every)),
+        d.start_inotify(want)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn start_inotify(mut self, want: &str) -> (Detector, Option<String>) {
+        if want == "auto" {
+            if let Some(fs) = super::mounts::network_fs(&self.o.root) {
+                let why = format!("{} is on a network filesystem ({fs}): polling every {:?}", self.o.root.display(), self.o.poll_every);
+                return (self, Some(why));
             }
         }
-        #[cfg(not(target_os = "linux"))]
-        {
-            note = Some(format!("no inotify on this system: polling every {:?}", d.o.poll_every));
+        match super::inotify::Source::new(&self.o.root, self.o.exclude.as_deref()) {
+            Ok(src) => {
+                self.inotify = Some(src);
+                self.kind = BackendKind::Inotify;
+                (self, None)
+            }
+            Err(e) => {
+                let why = format!("inotify is not available ({e}): polling every {:?}", self.o.poll_every);
+                (self, Some(why))
+            }
         }
-        (d, note)
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn start_inotify(self, _want: &str) -> (Detector, Option<String>) {
+        let why = format!("no inotify on this system: polling every {:?}", self.o.poll_every);
+        (self, Some(why))
     }
 
     /// The backend in use.
@@ -145,6 +153,7 @@ impl Detector {
         self.kind
     }
 
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn accepted(&self, rel: &str) -> bool {
         let name = rel.rsplit('/').next().unwrap_or(rel);
         let exts: Vec<&str> = self.o.extensions.iter().map(String::as_str).collect();
@@ -219,6 +228,7 @@ impl Detector {
         Ok(())
     }
 
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
     fn handle(&mut self, e: Event, out: &mut Vec<Ready>) -> Result<()> {
         match e {
             Event::Dir { rel, moved } => self.scan(&rel, moved, out)?,
