@@ -403,3 +403,31 @@ fn watch_options_without_watch_and_bad_values_are_usage_or_config_errors() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn two_watching_shards_split_the_frames_and_merge_to_one_shot_bytes() {
+    let s = setup("", "");
+    let out = s.root.join("out");
+    let mut shards: Vec<Child> = ["0/2", "1/2"].iter().map(|k| watch(&s, &out, &["--idle-exit", "3", "--shard", k])).collect();
+    let frames = generate(s.input.clone(), 12, Duration::from_millis(5), Duration::from_millis(2)).join().unwrap();
+    for c in &mut shards {
+        assert!(wait_for(c, Duration::from_secs(240)).success(), "{}", stderr_of(c));
+    }
+    let per_shard: Vec<usize> = ["0-of-2", "1-of-2"]
+        .iter()
+        .map(|t| read_records(&journal_path(&out, StageKind::Depth, &format!(".shard-{t}"))).unwrap().len())
+        .collect();
+    assert_eq!(per_shard.iter().sum::<usize>(), frames.len(), "each frame taken by one shard: {per_shard:?}");
+    assert!(per_shard.iter().all(|&n| n > 0), "both shards took frames: {per_shard:?}");
+    assert!(out.join("status.shard-0-of-2.json").is_file() && out.join("status.shard-1-of-2.json").is_file());
+    let o = bin().arg("annotate").arg("--merge").arg(&out).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for stage in STAGES {
+        let c = ok_counts(&out, stage);
+        assert_eq!(c.len(), frames.len());
+        assert!(c.values().all(|&n| n == 1));
+    }
+    let reference = s.root.join("one_shot");
+    one_shot(&s, &reference);
+    assert_eq!(outputs(&out), outputs(&reference));
+}
