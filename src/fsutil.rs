@@ -170,7 +170,12 @@ pub(crate) fn create_dir_in(root: &Path, dir: &Path) -> Result<()> {
         match std::fs::symlink_metadata(&at) {
             Ok(m) if m.is_dir() => {}
             Ok(m) => return Err(Error::Input(format!("{}: refusing to use it as an output directory: it is {}", at.display(), kind_of(&m)))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir(&at).map_err(|e| Error::io(&at, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::create_dir(&at) {
+                Ok(()) => {}
+                // Another process (a shard starting beside this one) made it first: a real directory will do.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && std::fs::symlink_metadata(&at).is_ok_and(|m| m.is_dir()) => {}
+                Err(e) => return Err(Error::io(&at, e)),
+            },
             Err(e) => return Err(Error::io(&at, e)),
         }
     }

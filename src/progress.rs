@@ -15,6 +15,29 @@ pub fn log(label: &str, msg: &str) {
     let _ = writeln!(e, "{label}: {msg}");
 }
 
+/// Shows a one-line status of a long-running command: redrawn in place (bar) or printed (lines).
+pub(crate) fn status_line(label: &str, mode: Mode, text: &str) {
+    let mut e = std::io::stderr().lock();
+    match mode {
+        Mode::Bar => {
+            let _ = write!(e, "\r\x1b[2K{label} {text}");
+            let _ = e.flush();
+            BAR_ON_SCREEN.store(true, Ordering::Relaxed);
+        }
+        Mode::Lines => {
+            let _ = writeln!(e, "{label}: {text}");
+        }
+        Mode::None => {}
+    }
+}
+
+/// Ends a status line drawn in place.
+pub(crate) fn end_status_line(mode: Mode) {
+    if mode == Mode::Bar && BAR_ON_SCREEN.swap(false, Ordering::Relaxed) {
+        let _ = writeln!(std::io::stderr());
+    }
+}
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

@@ -19,6 +19,14 @@ pub(crate) const MAX_MEMORY_MB: usize = 1 << 20;
 pub(crate) const MAX_SYNC_EVERY: usize = 1 << 20;
 /// Largest `sync_interval_s` / `[progress] interval_s` (one day).
 pub(crate) const MAX_INTERVAL_S: f64 = 86_400.0;
+/// Largest `every` of a stage.
+pub(crate) const MAX_EVERY: usize = 1_000_000;
+/// Largest `[watch] max_backlog`.
+pub(crate) const MAX_BACKLOG: usize = 10_000_000;
+/// Largest `[watch] settle_s` / `poll_interval_s` / `status_interval_s` (one hour).
+pub(crate) const MAX_WATCH_S: f64 = 3600.0;
+/// Largest `[watch] idle_exit_s` (thirty days).
+pub(crate) const MAX_IDLE_EXIT_S: f64 = 30.0 * 86_400.0;
 /// Largest `[limits] max_side` (pixels per side).
 pub(crate) const MAX_IMAGE_SIDE: usize = 1 << 20;
 /// Largest `[limits] max_pixels` (16 GiB of RGB8).
@@ -190,6 +198,10 @@ pub struct ModelStage {
     /// Overlap between tiles in pixels, as `--overlap` (unset: the model's default).
     #[serde(default)]
     pub overlap: Option<usize>,
+    /// Cadence: the stage runs on the first frame and every K-th after it, in processing order
+    /// (the others are recorded as passed over; edges follow depth).
+    #[serde(default = "one")]
+    pub every: usize,
 }
 
 /// Settings of the edges stage.
@@ -229,6 +241,39 @@ pub struct LimitsConfig {
     /// Largest decoder allocation in MiB.
     #[serde(default = "max_alloc_mb")]
     pub max_alloc_mb: u64,
+}
+
+/// `--watch` settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchConfig {
+    /// How new files are noticed: `auto` (inotify on Linux, except on network filesystems),
+    /// `inotify` or `poll`.
+    #[serde(default = "auto")]
+    pub backend: String,
+    /// A file whose writer was not seen closing it counts as complete once its size and mtime
+    /// have not changed for this many seconds.
+    #[serde(default = "settle")]
+    pub settle_s: f64,
+    /// Seconds between re-listings of the tree (polling) and checks of settling files.
+    #[serde(default = "poll_interval")]
+    pub poll_interval_s: f64,
+    /// inotify: a file closed after writing is complete at once (set false when writers close and
+    /// reopen a file while writing it).
+    #[serde(default = "yes")]
+    pub close_is_complete: bool,
+    /// `newest` (latest arrival first) or `oldest`.
+    #[serde(default = "newest")]
+    pub order: String,
+    /// Frames waiting beyond this many are recorded as skipped, oldest first (0 = no bound).
+    #[serde(default)]
+    pub max_backlog: usize,
+    /// End the run after this many seconds without a new frame (0 = never).
+    #[serde(default)]
+    pub idle_exit_s: f64,
+    /// Seconds between rewrites of `<output_dir>/status.json`.
+    #[serde(default = "status_interval")]
+    pub status_interval_s: f64,
 }
 
 /// Feedback settings.
@@ -292,6 +337,9 @@ pub struct Config {
     /// Feedback.
     #[serde(default)]
     pub progress: ProgressConfig,
+    /// `--watch`.
+    #[serde(default)]
+    pub watch: WatchConfig,
     /// Depth stage.
     #[serde(default = "depth_stage")]
     pub depth: ModelStage,
@@ -314,6 +362,11 @@ pub struct Config {
 
 fn f16() -> FloatFormat { FloatFormat::F16 }
 fn yes() -> bool { true }
+fn one() -> usize { 1 }
+fn settle() -> f64 { 2.0 }
+fn poll_interval() -> f64 { 1.0 }
+fn status_interval() -> f64 { 2.0 }
+fn newest() -> String { "newest".into() }
 fn sync_every() -> usize { 64 }
 fn sync_interval() -> f64 { 2.0 }
 fn max_side() -> u32 { ImageLimits::default().max_side }
@@ -353,6 +406,7 @@ fn model_stage(model: &str) -> ModelStage {
         head_dtype: None,
         tile: None,
         overlap: None,
+        every: 1,
     }
 }
 fn depth_stage() -> ModelStage { model_stage("models/depth-anything-v2-small") }
@@ -367,6 +421,20 @@ impl Default for LimitsConfig {
 }
 impl Default for ProgressConfig {
     fn default() -> Self { ProgressConfig { mode: auto(), interval_s: interval() } }
+}
+impl Default for WatchConfig {
+    fn default() -> Self {
+        WatchConfig {
+            backend: auto(),
+            settle_s: settle(),
+            poll_interval_s: poll_interval(),
+            close_is_complete: true,
+            order: newest(),
+            max_backlog: 0,
+            idle_exit_s: 0.0,
+            status_interval_s: status_interval(),
+        }
+    }
 }
 impl Default for EdgesStage {
     fn default() -> Self { EdgesStage { format: FloatFormat::F16, visualize: false } }
@@ -389,6 +457,7 @@ impl Default for Config {
             journal: JournalConfig::default(),
             limits: LimitsConfig::default(),
             progress: ProgressConfig::default(),
+            watch: WatchConfig::default(),
             depth: depth_stage(),
             edges: EdgesStage::default(),
             segmentation: seg_stage(),
@@ -458,6 +527,31 @@ mode = "auto"
 # Seconds between plain progress lines.
 interval_s = 10.0
 
+[watch]
+# `edgerun annotate --watch`: keep running and process frames as they land in the input tree
+# (docs/watch.md). A file joins the queue once complete: closed after writing (inotify), renamed
+# into place from a temporary name (a hidden name such as ".f.jpg.part" or a name without an image
+# extension such as "f.jpg.tmp"), or with size and mtime unchanged for settle_s seconds.
+# How new files are noticed: "auto" (inotify on Linux, polling on network filesystems and other
+# systems), "inotify" or "poll".
+backend = "auto"
+settle_s = 2.0
+# Seconds between re-listings of the tree (polling) and checks of settling files.
+poll_interval_s = 1.0
+# inotify: a file closed after writing is complete at once; false when writers close and reopen a
+# file while writing it (settle_s then decides).
+close_is_complete = true
+# Which waiting frame goes first: "newest" (latest arrival; frames from one listing by mtime) or
+# "oldest" (--order).
+order = "newest"
+# Frames waiting beyond this many are recorded as skipped, oldest first, with the reason; a later
+# run processes them (--max-backlog; 0 = no bound).
+max_backlog = 0
+# End the run after this many seconds without a new frame (--idle-exit; 0 = never).
+idle_exit_s = 0.0
+# Seconds between rewrites of <output_dir>/status.json (queue depth, counts, latency, throughput).
+status_interval_s = 2.0
+
 [depth]
 # Model directory (config.json + model.safetensors) or .gguf; relative paths are relative to this file.
 model = "models/depth-anything-v2-small"
@@ -473,6 +567,11 @@ visualize = false     # also write a colour-mapped <name>.viz.png
 #                     # output is one tiled GeoTIFF <name>.tif (no .npy, no visualisation; edges are not
 #                     # computed from a tiled depth map). See docs/tiling.md.
 # overlap = 96        # overlap in px (default: the model's). Also in [segmentation] and [chm].
+# Cadence: run on the first frame and then every K-th, in processing order (newest first under
+# --watch). A frame passed over is journalled as failed with the reason "not run on this frame:
+# every = K"; runs with the same cadence leave it, a run with every = 1 processes it. Edges follow
+# depth's cadence. Also in [segmentation] and [chm] (e.g. every = 10 for canopy height).
+every = 1
 
 [edges]
 format = "f16"
@@ -495,6 +594,7 @@ classes = ""
 # Network input size [height, width]; [] uses the model's preprocessor_config.json.
 input_size = []
 visualize = false     # also write a palette <name>.viz.png
+every = 1
 
 [chm]
 model = "models/chm"
@@ -503,6 +603,7 @@ format = "f16"
 visualize = false
 geotiff = true        # also write <name>.tif (float32, the input's georeferencing) for GeoTIFF inputs
 # head_dtype = "f32"  # DPT-head dtype when it should differ from dtype (e.g. dtype = "f16" on a GPU)
+every = 1
 "#;
 
 /// Checks a stage's `tile` / `overlap`: a tile of 0 (off) or within the tiling limits, an overlap
@@ -578,6 +679,12 @@ impl Config {
             StageKind::Edges => self.edges.visualize,
             _ => self.model_stage(k).is_some_and(|s| s.visualize),
         }
+    }
+
+    /// A stage's cadence `every` (edges follow depth's).
+    pub(crate) fn every(&self, k: StageKind) -> usize {
+        let k = if k == StageKind::Edges { StageKind::Depth } else { k };
+        self.model_stage(k).map_or(1, |s| s.every.max(1))
     }
 
     /// The `.npy` element type of a float stage.
@@ -697,6 +804,18 @@ impl Config {
         j.count("sync_every", self.journal.sync_every, MAX_SYNC_EVERY)?;
         j.real("sync_interval_s", self.journal.sync_interval_s, 0.0, MAX_INTERVAL_S)?;
         Section::at("progress").real("interval_s", self.progress.interval_s, 0.0, MAX_INTERVAL_S)?;
+        let w = Section::at("watch");
+        w.real("settle_s", self.watch.settle_s, 0.0, MAX_WATCH_S)?;
+        w.real("poll_interval_s", self.watch.poll_interval_s, 0.01, MAX_WATCH_S)?;
+        w.real("status_interval_s", self.watch.status_interval_s, 0.1, MAX_WATCH_S)?;
+        w.real("idle_exit_s", self.watch.idle_exit_s, 0.0, MAX_IDLE_EXIT_S)?;
+        w.range("max_backlog", self.watch.max_backlog, 0, MAX_BACKLOG)?;
+        if !matches!(self.watch.backend.as_str(), "auto" | "inotify" | "poll") {
+            return bad(format!("[watch] backend `{}` is not auto, inotify or poll", self.watch.backend));
+        }
+        if !matches!(self.watch.order.as_str(), "newest" | "oldest") {
+            return bad(format!("[watch] order `{}` is not newest or oldest", self.watch.order));
+        }
         let l = Section::at("limits");
         l.count("max_side", self.limits.max_side as usize, MAX_IMAGE_SIDE)?;
         l.count("max_pixels", self.limits.max_pixels.try_into().unwrap_or(usize::MAX), MAX_IMAGE_PIXELS)?;
@@ -719,6 +838,7 @@ impl Config {
         for k in [StageKind::Depth, StageKind::Segmentation, StageKind::Chm] {
             if let Some(s) = self.model_stage(k) {
                 check_tiling(s.tile, s.overlap).map_err(|m| Error::Config(format!("[{}] {m}", k.name())))?;
+                Section::at(k.name()).count("every", s.every, MAX_EVERY)?;
             }
         }
         for k in self.stage_list() {

@@ -125,6 +125,8 @@ pub(crate) struct Exec<'a> {
     pub shard: String,
     /// Progress display.
     pub progress: Progress,
+    /// List when each (item, stage) record was written ([`ExecStats::recorded`]).
+    pub track: bool,
 }
 
 /// The read-only part of [`Exec`] the worker threads share.
@@ -156,6 +158,8 @@ pub(crate) struct ExecStats {
     pub decode_s: f64,
     /// Failures (capped).
     pub failures: Vec<Failure>,
+    /// When each (item, stage) record was written and whether ok (only when tracked).
+    pub recorded: Vec<(usize, StageKind, Instant, bool)>,
 }
 
 const MAX_FAILURES_LISTED: usize = 1000;
@@ -454,6 +458,7 @@ struct JournalOut {
     stages: HashMap<StageKind, StageSummary>,
     failed_items: BTreeSet<usize>,
     failures: Vec<Failure>,
+    recorded: Option<Vec<(usize, StageKind, Instant, bool)>>,
 }
 
 fn journal_loop(
@@ -462,8 +467,9 @@ fn journal_loop(
     mut remaining: HashMap<usize, (usize, bool)>,
     rx: Receiver<JMsg>,
     shared: &Shared,
+    track: bool,
 ) -> JournalOut {
-    let mut out = JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: Vec::new() };
+    let mut out = JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: Vec::new(), recorded: track.then(Vec::new) };
     loop {
         match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(m) => {
@@ -471,6 +477,9 @@ fn journal_loop(
                     if let Err(e) = j.append(&m.record) {
                         shared.fail(e);
                     }
+                }
+                if let Some(r) = &mut out.recorded {
+                    r.push((m.item, m.stage, Instant::now(), m.record.status == Status::Ok));
                 }
                 let st = out.stages.entry(m.stage).or_default();
                 let failed = m.record.status == Status::Failed;
@@ -657,7 +666,7 @@ fn infer_chunk(x: &View<'_>, chains: &mut [ModelChain], devices: &mut Devices, c
 /// Runs the pipeline over `x.jobs`.
 pub(crate) fn execute(x: Exec<'_>) -> Result<ExecStats> {
     let start = Instant::now();
-    let Exec { cfg, input_root, output, items, jobs, chains, devices, journals, shard, mut progress } = x;
+    let Exec { cfg, input_root, output, items, jobs, chains, devices, journals, shard, mut progress, track } = x;
     let view = View { cfg, input_root, output, items, jobs: &jobs, shard: &shard };
     let shared = Shared { abort: AtomicBool::new(false), fatal: Mutex::new(None), write_s: Mutex::new(HashMap::new()), decode_s: Mutex::new(0.0) };
     let budget = Arc::new(Budget { limit: cfg.memory_mb.saturating_mul(1 << 20), used: Mutex::new(0), cv: Condvar::new() });
@@ -684,7 +693,7 @@ pub(crate) fn execute(x: Exec<'_>) -> Result<ExecStats> {
         let shared = &shared;
         let progress = &mut progress;
         let journals = &mut *journals;
-        let journal = s.spawn(move || journal_loop(journals, progress, remaining, jrx, shared));
+        let journal = s.spawn(move || journal_loop(journals, progress, remaining, jrx, shared, track));
         for _ in 0..cfg.write_threads {
             let jtx = jtx.clone();
             let wrx = &wrx;
@@ -730,7 +739,7 @@ pub(crate) fn execute(x: Exec<'_>) -> Result<ExecStats> {
         // Closing the queues lets the writers, then the journal thread, finish.
         drop(wtx);
         drop(jtx);
-        let jout = journal.join().unwrap_or_else(|_| JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: vec![] });
+        let jout = journal.join().unwrap_or_else(|_| JournalOut { stages: HashMap::new(), failed_items: BTreeSet::new(), failures: vec![], recorded: None });
         (jout, wait_in, wait_output_s, model_s)
     });
     if let Some(e) = shared.fatal.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -744,6 +753,7 @@ pub(crate) fn execute(x: Exec<'_>) -> Result<ExecStats> {
         wait_output_s,
         decode_s: shared.decode_s.into_inner().unwrap_or_else(|p| p.into_inner()),
         failures: jout.failures,
+        recorded: jout.recorded.unwrap_or_default(),
         ..Default::default()
     };
     for (k, v) in shared.write_s.into_inner().unwrap_or_else(|p| p.into_inner()) {

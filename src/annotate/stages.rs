@@ -380,6 +380,21 @@ impl ModelChain {
         &self.specs[i].name
     }
 
+    /// The model batches go to first (the first that loaded) and the device it runs on.
+    pub(crate) fn in_use(&self) -> Option<(&str, String)> {
+        self.slots.iter().zip(&self.specs).find_map(|(slot, spec)| match slot {
+            Slot::Ready(stage) => Some((
+                spec.name.as_str(),
+                match stage.device().location() {
+                    candle_core::DeviceLocation::Cpu => "cpu".to_string(),
+                    candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+                    candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+                },
+            )),
+            _ => None,
+        })
+    }
+
     fn load(&mut self, i: usize, cfg: &Config, devices: &mut Devices, warn: &mut dyn FnMut(String)) -> bool {
         if let Slot::Unloaded = self.slots[i] {
             self.slots[i] = match load_stage(self.kind, &self.specs[i], cfg, devices) {

@@ -14,6 +14,9 @@ pub struct StageSummary {
     pub failed: usize,
     /// Items skipped because an earlier run recorded them as failed (see `--retry-failed`).
     pub skipped_failed: usize,
+    /// Items the stage's cadence (`every = K`) passed over, in this run or an earlier one.
+    #[serde(default)]
+    pub cadence_skipped: usize,
     /// Seconds the model of this stage was computing (batches including its pre/postprocessing).
     pub model_s: f64,
     /// Seconds spent producing and writing this stage's outputs, summed over writer threads.

@@ -75,6 +75,24 @@ pub struct Args {
     /// progress display: auto, bar, lines or none
     #[argh(option)]
     progress: Option<String>,
+    /// keep running: process frames as they land in INPUT_DIR until SIGTERM / Ctrl-C (a second
+    /// one stops at once) or --idle-exit; writes OUTPUT_DIR/status.json (docs/watch.md)
+    #[argh(switch)]
+    watch: bool,
+    /// with --watch: which waiting frame goes first, newest (default) or oldest
+    #[argh(option)]
+    order: Option<String>,
+    /// with --watch: record the oldest waiting frames beyond N as skipped (a later run processes
+    /// them); 0 = no bound
+    #[argh(option, arg_name = "N")]
+    max_backlog: Option<usize>,
+    /// with --watch: stop after SECS without a new frame
+    #[argh(option, arg_name = "SECS")]
+    idle_exit: Option<f64>,
+    /// with --watch: a file not seen being closed is complete once its size and mtime were stable
+    /// this long (default 2)
+    #[argh(option, arg_name = "SECS")]
+    settle: Option<f64>,
 }
 
 impl Args {
@@ -98,6 +116,13 @@ impl Args {
             || self.retry_failed
             || self.rescan
             || self.progress.is_some()
+            || self.watch
+            || self.watch_options()
+    }
+
+    /// Whether an option that only `--watch` takes was given.
+    fn watch_options(&self) -> bool {
+        self.order.is_some() || self.max_backlog.is_some() || self.idle_exit.is_some() || self.settle.is_some()
     }
 }
 
@@ -160,6 +185,18 @@ fn apply_overrides(a: &Args, cfg: &mut Config) -> anyhow::Result<()> {
     if let Some(p) = &a.progress {
         cfg.progress.mode = p.clone();
     }
+    if let Some(o) = &a.order {
+        cfg.watch.order = o.clone();
+    }
+    if let Some(n) = a.max_backlog {
+        cfg.watch.max_backlog = n;
+    }
+    if let Some(s) = a.idle_exit {
+        cfg.watch.idle_exit_s = s;
+    }
+    if let Some(s) = a.settle {
+        cfg.watch.settle_s = s;
+    }
     Ok(())
 }
 
@@ -182,6 +219,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    usage(a.watch || !a.watch_options(), || "--order, --max-backlog, --idle-exit and --settle are options of --watch".into())?;
     let Ok([input, output]) = <[PathBuf; 2]>::try_from(a.dirs.clone()) else {
         return Err(UsageError("annotate: give <input_dir> and <output_dir> (or --print-config, or --merge <output_dir>)".into()).into());
     };
@@ -196,7 +234,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => Shard::from_env(a.shard_count)?.unwrap_or_default(),
     };
     let opts = RunOptions { config: cfg, input, output, shard, retry_failed: a.retry_failed, rescan: a.rescan };
-    let summary = annotate::run(&opts).with_context(|| format!("annotate {} → {}", opts.input.display(), opts.output.display()))?;
+    let summary = if a.watch { annotate::watch::run(&opts) } else { annotate::run(&opts) }
+        .with_context(|| format!("annotate {} → {}", opts.input.display(), opts.output.display()))?;
     if opts.config.progress.mode != "none" {
         eprintln!("{}", summary.render());
     }
