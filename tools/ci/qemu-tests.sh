@@ -81,7 +81,7 @@ SKIP=(
 # multi-threaded guest that forks under qemu-user 7.2. Any executable still running after
 # TIMEOUT seconds is stopped and fails, named, instead of holding CI until its limit.
 ALL=${QEMU_TESTS_ALL:-}
-SKIP_EXES=(annotate annotate_memory annotate_tiling cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli memory_limit tiling_cli)
+SKIP_EXES=(annotate annotate_memory annotate_tiling annotate_watch cli_errors direct_cli finetune finetune_tasks hostile_cli lgatr_cli memory_limit segearth_ov3_cli tiling_cli)
 SPAWNING=(
     cli_depth_writes_confidence_and_sky_mask
     chm_cli_
