@@ -1,8 +1,8 @@
 //! `edgerun annotate`: end-to-end on a generated image tree with the tiny fixture models, resume after
 //! kill -9 at random points, failed inputs, fallback models, sharding + merge, the cached input list.
 mod common;
-use common::{dev, device_arg, fixture, small_model};
-use std::collections::{BTreeMap, HashMap};
+use common::{annotate_outputs as outputs, dev, device_arg, fixture, small_model};
+use std::collections::HashMap;
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -69,27 +69,6 @@ fn opts(cfg: &Config, input: &Path, output: &Path) -> RunOptions {
     RunOptions { config: cfg.clone(), input: input.into(), output: output.into(), shard: Shard::default(), retry_failed: false, rescan: false }
 }
 
-/// Every file under `dir/<stage>/` for the stages, relative path → bytes.
-fn outputs(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(base: &Path, d: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(base, &p, out);
-            } else {
-                out.insert(p.strip_prefix(base).unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for s in StageKind::ALL {
-        let d = dir.join(s.name());
-        if d.is_dir() {
-            walk(dir, &d, &mut out);
-        }
-    }
-    out
-}
 
 /// Files anywhere under `dir` that look like temp files.
 fn temp_files(dir: &Path) -> Vec<PathBuf> {

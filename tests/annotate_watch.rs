@@ -4,8 +4,8 @@
 //! run; `--max-backlog` skips the oldest (a later run does them); kill -9 mid-burst and a restart
 //! reach the same outcome; SIGTERM stops in bounded time; `every = K` passes frames over.
 mod common;
-use common::{device_arg, small_model};
-use std::collections::{BTreeMap, HashMap};
+use common::{annotate_outputs as outputs, device_arg, small_model};
+use std::collections::HashMap;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -128,27 +128,6 @@ fn stderr_of(child: &mut Child) -> String {
     s
 }
 
-/// Every file under `dir/<stage>/`, relative path → bytes.
-fn outputs(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(base: &Path, d: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
-        for e in std::fs::read_dir(d).unwrap().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                walk(base, &p, out);
-            } else {
-                out.insert(p.strip_prefix(base).unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for s in StageKind::ALL {
-        let d = dir.join(s.name());
-        if d.is_dir() {
-            walk(dir, &d, &mut out);
-        }
-    }
-    out
-}
 
 /// A one-shot run over `input` into a fresh `out`.
 fn one_shot(s: &Setup, out: &Path) -> annotate::Summary {

@@ -77,3 +77,25 @@ pub fn small_model(fixture_name: &str, dir: &Path, preprocessor: &str) -> PathBu
     std::fs::write(dir.join("preprocessor_config.json"), preprocessor).unwrap();
     dir.to_path_buf()
 }
+
+/// Every file under an annotate output's `dir/<stage>/` folders, relative path → bytes.
+pub fn annotate_outputs(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    fn walk(base: &Path, d: &Path, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(base, &p, out);
+            } else {
+                out.insert(p.strip_prefix(base).unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    for s in edgerun::annotate::StageKind::ALL {
+        let d = dir.join(s.name());
+        if d.is_dir() {
+            walk(dir, &d, &mut out);
+        }
+    }
+    out
+}
