@@ -41,8 +41,8 @@ pub fn log(msg: &str) {
 pub use shard::Shard;
 
 use crate::error::{Error, Result};
-use journal::{journal_path, manifest_dir, passes_path};
-use layout::{collisions, create_dirs, remove_stale_temps, stem_rel};
+use journal::{journal_path, manifest_dir};
+use layout::{collisions, create_dirs, stem_rel};
 use listing::list_inputs;
 use crate::progress::{Mode, Progress};
 use scheduler::ItemInfo;
@@ -140,23 +140,14 @@ pub fn run(opts: &RunOptions) -> Result<Summary> {
 /// Removes the temp files killed runs left beside the plan's outputs and the state files (only
 /// this shard's when sharded).
 fn remove_stale_temps_of(s: &Session, plan: &mut Plan) -> Result<usize> {
-    let output = &s.output;
     let mut owned = std::mem::take(&mut plan.owned);
-    for f in [summary_path(output, &s.tag), s.mdir.join(format!("filelist{}.json", s.tag))] {
+    for f in [summary_path(&s.output, &s.tag), s.mdir.join(format!("filelist{}.json", s.tag))] {
         owned.insert(f);
     }
     for k in &s.stages {
-        owned.insert(journal_path(output, *k, ""));
-        owned.insert(passes_path(output, *k, &s.tag));
+        owned.insert(journal_path(&s.output, *k, ""));
     }
-    let mut dirs = std::mem::take(&mut plan.shard_dirs);
-    dirs.insert(output.to_path_buf());
-    dirs.insert(s.mdir.clone());
-    let stale = remove_stale_temps(&dirs, if s.shard.is_whole() { None } else { Some(&owned) })?;
-    if stale > 0 {
-        s.say(&format!("removed {stale} temp files left by an interrupted run"));
-    }
-    Ok(stale)
+    s.remove_stale_temps(std::mem::take(&mut plan.shard_dirs), owned)
 }
 
 /// The counts of a run that are not in its [`ExecStats`].

@@ -457,6 +457,22 @@ impl Session {
         Ok(stats)
     }
 
+    /// Removes the temp files killed runs left in `dirs` (with the output and manifest folders);
+    /// when sharded only those of `owned` paths (with this shard's pass logs), so that other
+    /// shards' files in flight stay.
+    pub(crate) fn remove_stale_temps(&self, mut dirs: BTreeSet<PathBuf>, mut owned: HashSet<PathBuf>) -> Result<usize> {
+        for k in &self.stages {
+            owned.insert(passes_path(&self.output, *k, &self.tag));
+        }
+        dirs.insert(self.output.clone());
+        dirs.insert(self.mdir.clone());
+        let n = super::layout::remove_stale_temps(&dirs, if self.shard.is_whole() { None } else { Some(&owned) })?;
+        if n > 0 {
+            self.say(&format!("removed {n} temp files left by an interrupted run"));
+        }
+        Ok(n)
+    }
+
     /// Adds the failures of inputs given up for memory to the stats.
     pub(crate) fn add_given_up(stats: &mut ExecStats, items: &[ItemInfo], given_up: Vec<(StageKind, usize)>) {
         for (k, i) in given_up {
@@ -473,13 +489,7 @@ fn add_tiled(stats: &mut ExecStats, t: TiledOut, seconds: f64) {
     stats.failed_items.extend(t.failed_items);
     stats.failures.extend(t.failures);
     for (k, s) in t.stages {
-        let e = stats.stages.entry(k).or_default();
-        e.done += s.done;
-        e.failed += s.failed;
-        e.model_s += s.model_s;
         stats.model_busy_s += s.model_s;
-        for (m, c) in s.by_model {
-            *e.by_model.entry(m).or_default() += c;
-        }
+        stats.stages.entry(k).or_default().add_work(s);
     }
 }

@@ -29,6 +29,20 @@ pub struct StageSummary {
     pub model_loaded: bool,
 }
 
+impl StageSummary {
+    /// Adds what another pass of this stage did: items done and failed, model and write time,
+    /// outputs per model.
+    pub(crate) fn add_work(&mut self, other: StageSummary) {
+        self.done += other.done;
+        self.failed += other.failed;
+        self.model_s += other.model_s;
+        self.write_s += other.write_s;
+        for (m, c) in other.by_model {
+            *self.by_model.entry(m).or_default() += c;
+        }
+    }
+}
+
 /// A failed item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Failure {

@@ -18,8 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::config::{Fingerprint, StageKind};
 use super::hash::{xxh64, xxh64_file};
-use super::journal::passes_path;
-use super::layout::{create_dirs, possible_outputs, remove_stale_temps, stem_rel};
+use super::layout::{create_dirs, possible_outputs, stem_rel};
 use super::listing::{list_inputs, InputFile};
 use super::scheduler::{ExecStats, ItemInfo};
 use super::session::{Session, State, SKIPPED_BACKLOG};
@@ -79,14 +78,7 @@ fn absorb(total: &mut ExecStats, s: ExecStats) {
         }
     }
     for (k, x) in s.stages {
-        let e = total.stages.entry(k).or_default();
-        e.done += x.done;
-        e.failed += x.failed;
-        e.model_s += x.model_s;
-        e.write_s += x.write_s;
-        for (m, c) in x.by_model {
-            *e.by_model.entry(m).or_default() += c;
-        }
+        total.stages.entry(k).or_default().add_work(x);
     }
 }
 
@@ -273,15 +265,6 @@ fn remove_stale(s: &Session, present: &[ItemInfo]) -> Result<usize> {
             }
         }
     }
-    for k in &s.stages {
-        owned.insert(passes_path(&s.output, *k, &s.tag));
-    }
     owned.insert(s.output.join(format!("status{}.json", s.tag)));
-    dirs.insert(s.output.clone());
-    dirs.insert(s.mdir.clone());
-    let n = remove_stale_temps(&dirs, if s.shard.is_whole() { None } else { Some(&owned) })?;
-    if n > 0 {
-        s.say(&format!("removed {n} temp files left by an interrupted run"));
-    }
-    Ok(n)
+    s.remove_stale_temps(dirs, owned)
 }
