@@ -117,10 +117,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &spec,
         &items,
         |it| tiled::load(it, req, CHM_DEFAULT, &limits),
-        |l| match l {
-            Loaded::Image(img) => est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-            Loaded::Tiled(..) => None,
-        },
+        |l| tiled::loaded_bytes(l, |img| est.activation_bytes(img)),
         |its, loaded| {
             let labels: Vec<String> = its.iter().zip(loaded).filter(|(_, l)| matches!(l, Loaded::Image(_))).map(|(it, _)| it.path.display().to_string()).collect();
             tiled::predict_images(loaded, |imgs| {

@@ -137,10 +137,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &spec,
         &items,
         |it| tiled::load(it, req, default, &limits),
-        |l| match l {
-            Loaded::Image(img) => est.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-            Loaded::Tiled(..) => None,
-        },
+        |l| tiled::loaded_bytes(l, |img| est.activation_bytes(img)),
         |_, loaded| tiled::predict_images(loaded, |imgs| Ok(est.predict_all(imgs, imgs.len())?)),
         |it, loaded, p| match (loaded, p) {
             (Loaded::Image(_), Some(p)) => write_outputs(&a, it, &compute_outputs(&a, p)?),

@@ -140,10 +140,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         &spec,
         &items,
         |it| tiled::load(it, req, default, &limits),
-        |l| match l {
-            Loaded::Image(img) => seg.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-            Loaded::Tiled(..) => None,
-        },
+        |l| tiled::loaded_bytes(l, |img| seg.activation_bytes(img)),
         |_, loaded| tiled::predict_images(loaded, |imgs| Ok(seg.segment(imgs)?)),
         |it, loaded, ids| {
             let (img, ids) = match (loaded, ids) {

@@ -60,10 +60,7 @@ pub fn run(a: Args, ckpt: Checkpoint, device: Device, dtype: DType, progress: Mo
         &spec,
         &items,
         |it| tiled::load(it, req, default, &limits),
-        |l| match l {
-            Loaded::Image(img) => seg.activation_bytes(img).map(|b| b + img.as_raw().len() as u64),
-            Loaded::Tiled(..) => None,
-        },
+        |l| tiled::loaded_bytes(l, |img| seg.activation_bytes(img)),
         |_, loaded| tiled::predict_images(loaded, |imgs| imgs.iter().map(|img| Ok(seg.segment(img)?)).collect()),
         |it, loaded, result| {
             let (img, (ids, scores)) = match (loaded, result) {

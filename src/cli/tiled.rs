@@ -36,6 +36,15 @@ pub fn load(it: &InputItem, req: TileRequest, default: (usize, usize), limits: &
     })
 }
 
+/// The bytes a loaded input takes in a pass: `activations(image)` plus the decoded image; `None`
+/// for a tiled input (its tiles are planned apart) or a model without an estimate.
+pub fn loaded_bytes(l: &Loaded, activations: impl Fn(&RgbImage) -> Option<u64>) -> Option<u64> {
+    match l {
+        Loaded::Image(img) => activations(img).map(|b| b + img.as_raw().len() as u64),
+        Loaded::Tiled(..) => None,
+    }
+}
+
 /// Runs `predict` on the decoded images of a batch; tiled inputs get `None`.
 pub fn predict_images<P>(loaded: &[&Loaded], predict: impl FnOnce(&[&RgbImage]) -> anyhow::Result<Vec<P>>) -> anyhow::Result<Vec<Option<P>>> {
     let images: Vec<&RgbImage> = loaded.iter().filter_map(|l| if let Loaded::Image(i) = l { Some(i) } else { None }).collect();
