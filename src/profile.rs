@@ -38,3 +38,39 @@ fn peak_rss() -> String {
         _ => String::new(),
     }
 }
+
+/// Time totals by op name since the last [`print_tallies`] (training steps' per-op profile).
+static TALLIES: std::sync::Mutex<Vec<(&'static str, u32, f64)>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f`, adding its wall time to the tally of `name` when profiling is on.
+pub(crate) fn tally<R>(name: &'static str, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    let start = Instant::now();
+    let r = f();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    if let Ok(mut t) = TALLIES.lock() {
+        match t.iter_mut().find(|(n, _, _)| *n == name) {
+            Some(entry) => {
+                entry.1 += 1;
+                entry.2 += ms;
+            }
+            None => t.push((name, 1, ms)),
+        }
+    }
+    r
+}
+
+/// Prints the tallies under `title` (most time first) on stderr and clears them, when profiling is on.
+pub(crate) fn print_tallies(title: &str) {
+    if !enabled() {
+        return;
+    }
+    let Ok(mut t) = TALLIES.lock() else { return };
+    t.sort_by(|a, b| b.2.total_cmp(&a.2));
+    eprintln!("[profile] {title}{}", peak_rss());
+    for (name, count, ms) in t.drain(..) {
+        eprintln!("[profile]   {name:<34} {count:5}× {ms:9.1} ms");
+    }
+}

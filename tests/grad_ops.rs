@@ -249,3 +249,45 @@ fn losses_backward_match_finite_differences() {
     check(&[("logits", &x)], &|| losses::cross_entropy(x.as_tensor(), &classes, 255).unwrap(), 48);
     check(&[("logits", &x)], &|| losses::focal(x.as_tensor(), &classes, 2.0, 255).unwrap(), 48);
 }
+
+/// Every parameter's gradient of `weigh(forward(x))` with `fixture` loaded in `dtype`, `spec` training.
+fn model_gradients<M>(fixture: &str, layout: Option<TrainingLayout>, spec: TrainSpec, dtype: DType, load: &dyn Fn(&Vb, &serde_json::Value) -> M, forward: &dyn Fn(&M, &Tensor) -> Tensor, x: &Tensor) -> Vec<(String, Tensor)> {
+    let store = Arc::new(WeightStore::open(fixture).unwrap());
+    let names: Vec<String> = store.entries().keys().cloned().collect();
+    let chosen = select(&layout.unwrap(), spec, &names).unwrap();
+    let trainable = Trainable::new(move |n| chosen.contains(n));
+    let vb = Vb::new(store.clone(), dtype, DEV).with_trainable(trainable.clone());
+    let model = load(&vb, store.config());
+    let y = forward(&model, &x.to_dtype(dtype).unwrap()).to_dtype(DType::F64).unwrap();
+    let grads = weigh(&y).backward().unwrap();
+    trainable.vars().into_iter().map(|(n, v)| {
+        let g = grads.get(v.as_tensor()).unwrap_or_else(|| panic!("{fixture} {n}: no gradient")).to_dtype(DType::F64).unwrap();
+        (n, g)
+    }).collect()
+}
+
+/// The f32 training kernels (convs, attention, LayerNorm, GELU and bilinear resizes with their own
+/// backward) against the f64 paths checked by finite differences above, through whole models with
+/// every parameter training: each parameter's gradient within 1e-4 of the largest.
+#[test]
+fn f32_training_kernels_give_the_f64_gradients_through_whole_models() {
+    type Load<M> = dyn Fn(&Vb, &serde_json::Value) -> M;
+    fn compare<M>(fixture: &str, layout: Option<TrainingLayout>, spec: TrainSpec, load: &Load<M>, forward: &dyn Fn(&M, &Tensor) -> Tensor, x: &Tensor) {
+        let fast = model_gradients(fixture, layout, spec, DType::F32, load, forward, x);
+        let exact = model_gradients(fixture, layout, spec, DType::F64, load, forward, x);
+        let scale = exact.iter().map(|(_, g)| g.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap()).fold(1.0f64, f64::max);
+        for ((name, a), (_, b)) in fast.iter().zip(&exact) {
+            let err = (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+            assert!(err <= 1e-4 * scale, "{fixture} {name}: f32 gradient off by {err} (largest gradient {scale})");
+        }
+    }
+    let da2 = |vb: &Vb, c: &serde_json::Value| DepthAnything::load(vb, &depth_anything::Config::from_json(c).unwrap()).unwrap();
+    let x = Tensor::from_vec(values(3 * 56 * 70, 40), (1, 3, 56, 70), &DEV).unwrap();
+    compare("tests/fixtures/da2_relative_p14", depth_anything::DepthAnythingFamily::TRAINING, TrainSpec::All, &da2, &|m, x| m.forward(x).unwrap(), &x);
+    let seg = |vb: &Vb, c: &serde_json::Value| SegformerForSemanticSegmentation::load(vb, &segformer::Config::from_json(c).unwrap()).unwrap();
+    let x = Tensor::from_vec(values(2 * 3 * 36 * 44, 41), (2, 3, 36, 44), &DEV).unwrap();
+    compare("tests/fixtures/segformer_tiny", SegformerFamily::TRAINING, TrainSpec::All, &seg, &|m, x| m.forward(x).unwrap(), &x);
+    let chm = |vb: &Vb, c: &serde_json::Value| Chmv2::load(vb, &chmv2::Config::from_json(c).unwrap()).unwrap();
+    let x = Tensor::from_vec(values(3 * 48 * 64, 42), (1, 3, 48, 64), &DEV).unwrap();
+    compare("tests/fixtures/chmv2_tiny", Chmv2Family::TRAINING, TrainSpec::All, &chm, &|m, x| m.forward(x).unwrap(), &x);
+}

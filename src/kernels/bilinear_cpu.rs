@@ -48,21 +48,53 @@ pub(crate) fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) ->
     if !x.device().is_cpu() || x.dtype() != candle_core::DType::F32 || h == 0 || w == 0 || oh == 0 || ow == 0 {
         return Ok(None);
     }
-    let (ty, tx) = (taps(h, oh, align_corners), taps(w, ow, align_corners));
-    let out = with_contiguous(x, |src: &[f32]| {
-        let mut out = vec![0f32; b * c * oh * ow];
-        let block_rows = ROWS_PER_TASK.min(oh).max(1);
-        out.par_chunks_mut(oh * ow).zip(src.par_chunks(h * w)).for_each(|(plane_out, plane)| {
-            plane_out.par_chunks_mut(block_rows * ow).enumerate().for_each(|(block, rows)| {
-                resize_rows(plane, w, &ty[block * block_rows..], &tx, rows);
-            });
-        });
-        out
-    })?;
+    let out = with_contiguous(x, |src: &[f32]| resize(src, (h, w), (oh, ow), align_corners))?;
     Ok(match out {
         Some(out) => Some(Tensor::from_vec(out, (b, c, oh, ow), x.device())?),
         None => None,
     })
+}
+
+/// The planes `src` (each `h × w`, none empty) resized to `oh × ow`.
+pub(crate) fn resize(src: &[f32], (h, w): (usize, usize), (oh, ow): (usize, usize), align_corners: bool) -> Vec<f32> {
+    let (ty, tx) = (taps(h, oh, align_corners), taps(w, ow, align_corners));
+    let mut out = vec![0f32; src.len() / (h * w).max(1) * oh * ow];
+    let block_rows = ROWS_PER_TASK.min(oh).max(1);
+    out.par_chunks_mut(oh * ow).zip(src.par_chunks(h * w)).for_each(|(plane_out, plane)| {
+        plane_out.par_chunks_mut(block_rows * ow).enumerate().for_each(|(block, rows)| {
+            resize_rows(plane, w, &ty[block * block_rows..], &tx, rows);
+        });
+    });
+    out
+}
+
+/// The gradient of [`resize`] with respect to its input: each output gradient added back onto the
+/// (up to four) source samples it was interpolated from, with the same weights; planes in parallel.
+pub(crate) fn resize_backward(gy: &[f32], (h, w): (usize, usize), (oh, ow): (usize, usize), align_corners: bool) -> Vec<f32> {
+    let (ty, tx) = (taps(h, oh, align_corners), taps(w, ow, align_corners));
+    let mut gx = vec![0f32; gy.len() / (oh * ow).max(1) * h * w];
+    gx.par_chunks_mut(h * w).zip(gy.par_chunks(oh * ow)).for_each_init(
+        || vec![0f32; h * ow],
+        |rows, (gx, gy)| {
+            // Along the height: output rows onto source rows (still at the output width).
+            rows.fill(0.0);
+            for (g, tap) in gy.chunks_exact(ow).zip(&ty) {
+                let (lo, hi) = (tap.lo * ow, tap.hi * ow);
+                for (j, &v) in g.iter().enumerate() {
+                    rows[lo + j] += v * (1.0 - tap.t);
+                    rows[hi + j] += v * tap.t;
+                }
+            }
+            // Along the width: output columns onto source columns.
+            for (dst, row) in gx.chunks_exact_mut(w).zip(rows.chunks_exact(ow)) {
+                for (&v, tap) in row.iter().zip(&tx) {
+                    dst[tap.lo] += v * (1.0 - tap.t);
+                    dst[tap.hi] += v * tap.t;
+                }
+            }
+        },
+    );
+    gx
 }
 
 /// Output rows `rows` (`ty.len() ≥ rows / ow` taps from the block's first row) of one plane.

@@ -12,6 +12,12 @@ pub(crate) fn with_contiguous<T: WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) 
     Ok(Some(f(&data[layout.start_offset()..][..t.elem_count()])))
 }
 
+/// The f32 elements of a contiguous CPU storage laid out by `l` (a custom op's operand).
+pub(crate) fn contiguous_f32<'a>(s: &'a candle_core::CpuStorage, l: &candle_core::Layout) -> Result<&'a [f32]> {
+    let Some((start, end)) = l.contiguous_offsets() else { candle_core::bail!("a custom op's operand is not contiguous") };
+    Ok(&s.as_slice::<f32>()?[start..end])
+}
+
 /// A per-thread scratch buffer, reused across tasks and calls (see [`with_scratch`]).
 pub(crate) type Scratch<T> = std::thread::LocalKey<std::cell::RefCell<Vec<T>>>;
 

@@ -118,6 +118,19 @@ pub fn gelu_erf<const FUSED: bool>(x: f32) -> f32 {
     0.5 * x * (1.0 + erf::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
+/// The derivative of [`gelu_erf`], `Φ(x) + x·φ(x)`, times `dy`: `dx[i] = dy[i] · gelu'(x[i])`, in
+/// parallel chunks (the three of one length).
+pub(crate) fn gelu_erf_grad_map(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    const INV_SQRT_2PI: f32 = 0.398_942_3;
+    dx.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK))).for_each(|(d, (x, g))| {
+        for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
+            let cdf = 0.5 * (1.0 + erf::<false>(x * std::f32::consts::FRAC_1_SQRT_2));
+            let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
+            *d = g * (cdf + x * pdf);
+        }
+    });
+}
+
 /// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).
 pub(crate) fn gelu_erf_map(src: &[f32], dst: &mut [f32]) {
     dst.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(d, s)| gelu_erf_into(s, d));

@@ -2,8 +2,10 @@
 //! direct convolutions, depthwise and channels-last convolutions, fused attention and fast math.
 //! Every `unsafe` of the compute path lives in this module; the layers in [`crate::nn`] call it.
 pub mod amx;
+pub(crate) mod attention_train;
 pub(crate) mod bilinear_cpu;
 pub mod conv2d;
+pub(crate) mod conv_grad;
 pub(crate) mod conv_nhwc;
 pub mod conv_transpose;
 pub(crate) mod cpu_slice;
@@ -17,6 +19,7 @@ pub(crate) mod group_norm;
 pub(crate) mod half_amx;
 pub mod int8_attention;
 pub mod int8_gemm;
+pub(crate) mod layer_norm_train;
 pub mod mixlog;
 pub(crate) mod panel_gemm;
 pub(crate) mod q8_rows;

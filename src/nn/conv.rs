@@ -3,8 +3,8 @@
 //! direct kernel of [`crate::kernels::direct_conv`] where the CPU has one; the others (1×1, other
 //! CPUs, strided convs with long columns) an image-to-columns GEMM in row stripes small enough
 //! that each stripe's columns stay in cache (the GEMM writes the stripe's NCHW output rows in
-//! place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) inputs take the
-//! differentiable path of [`crate::nn::grad`], other devices and dtypes Candle's conv.
+//! place), 3–5× Candle's conv2d at the DPT heads' shapes. Recording (training) f32 CPU inputs take the
+//! same kernels with their own backward ([`super::dense_conv`]), other devices and dtypes Candle's conv.
 use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Conv2dConfig;
 use crate::kernels::conv2d::{direct, stripe_gemm_conv, winograd};
@@ -199,7 +199,10 @@ impl Conv2d {
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let recording = super::grad::records(x) || super::grad::records(self.weight()) || self.bias().is_some_and(super::grad::records);
-        if recording {
+        let cfg = self.config();
+        if recording && super::dense_conv::applies(x, self.weight(), cfg.groups, cfg.dilation) {
+            super::dense_conv::conv(x, self.weight(), self.bias(), cfg.padding, cfg.stride)
+        } else if recording {
             self.forward_differentiable(x)
         } else if self.fast_path_applies(x) {
             let (pad, stride) = (self.config().padding, self.config().stride);

@@ -1,10 +1,13 @@
-//! Ops whose fast Candle kernels record no backward (fused LayerNorm, `softmax_last_dim`, bilinear
-//! upsampling): each takes a differentiable path built from ops with a backward whenever autograd is
-//! recording through its inputs, and the fast kernel otherwise, so inference speed is unchanged.
-use candle_core::{DType, Module, Tensor, D};
+//! Ops whose fast kernels record no backward (fused LayerNorm, `softmax_last_dim`, bilinear
+//! upsampling): while autograd records through their inputs, f32 CPU tensors take one op each with
+//! its own one-pass backward (LayerNorm, bilinear), other devices and dtypes a differentiable path
+//! built from Candle ops; otherwise the fast kernel, so inference speed is unchanged.
+use candle_core::{CpuStorage, DType, Layout, Module, Shape, Tensor, D};
 use candle_nn::LayerNorm;
 
 use candle_core::Result;
+
+use crate::kernels::cpu_slice::contiguous_f32;
 
 /// Whether a backward pass could reach through `t` (a trainable `Var`, or computed from one).
 pub fn records(t: &Tensor) -> bool {
@@ -16,8 +19,71 @@ pub fn records(t: &Tensor) -> bool {
 pub fn layer_norm(norm: &LayerNorm, x: &Tensor) -> Result<Tensor> {
     let recording = records(x) || records(norm.weight()) || norm.bias().is_some_and(records) || x.dtype() == DType::F64;
     match (recording, norm.bias()) {
+        (true, Some(bias)) if norm.remove_mean() && [x, norm.weight(), bias].iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32) => {
+            let op = TrainLayerNorm { eps: norm.eps() as f32 };
+            x.contiguous()?.apply_op3_arc(&norm.weight().contiguous()?, &bias.contiguous()?, std::sync::Arc::new(Box::new(op)))
+        }
         (true, Some(bias)) if norm.remove_mean() => candle_nn::ops::layer_norm_slow(x, norm.weight(), bias, norm.eps() as f32),
         _ => norm.forward(x),
+    }
+}
+
+/// Bilinear resize of f32 CPU maps for training: the inference kernel forward, its transpose (each
+/// output gradient back onto its four source samples) as the backward, instead of two dense
+/// interpolation matmuls each way.
+struct TrainBilinear {
+    size: (usize, usize),
+    align_corners: bool,
+}
+
+impl candle_core::CustomOp1 for TrainBilinear {
+    fn name(&self) -> &'static str {
+        "train-bilinear"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (b, c, h, w) = l.shape().dims4()?;
+        let (oh, ow) = self.size;
+        let src = contiguous_f32(s, l)?;
+        let y = crate::profile::tally("bilinear forward", || crate::kernels::bilinear_cpu::resize(src, (h, w), self.size, self.align_corners));
+        Ok((CpuStorage::F32(y), Shape::from((b, c, oh, ow))))
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, gy: &Tensor) -> Result<Option<Tensor>> {
+        let (_, _, h, w) = x.dims4()?;
+        let dy = gy.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let gx = crate::profile::tally("bilinear backward", || crate::kernels::bilinear_cpu::resize_backward(&dy, (h, w), self.size, self.align_corners));
+        Tensor::from_vec(gx, x.shape(), x.device()).map(Some)
+    }
+}
+
+/// LayerNorm `(x, gamma, beta)` over the last dimension with its one-pass backward
+/// ([`crate::kernels::layer_norm_train`]), for f32 CPU training.
+struct TrainLayerNorm {
+    eps: f32,
+}
+
+impl candle_core::CustomOp3 for TrainLayerNorm {
+    fn name(&self) -> &'static str {
+        "train-layer-norm"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (x, gamma, beta) = (contiguous_f32(s1, l1)?, contiguous_f32(s2, l2)?, contiguous_f32(s3, l3)?);
+        match crate::profile::tally("layer norm forward", || crate::kernels::layer_norm_train::forward(x, gamma.len(), gamma, Some(beta), self.eps)) {
+            Some(y) => Ok((CpuStorage::F32(y), l1.shape().clone())),
+            None => candle_core::bail!("layer norm: input {:?} does not end in the norm's {} values", l1.dims(), gamma.len()),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, _y: &Tensor, gy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
+        let (xs, gs, dy) = (flat(x)?, flat(gamma)?, flat(gy)?);
+        let Some((dx, dg, db)) = crate::profile::tally("layer norm backward", || crate::kernels::layer_norm_train::backward(&xs, gs.len(), &gs, &dy, self.eps)) else {
+            candle_core::bail!("layer norm backward: input {:?} does not end in the norm's {} values", x.dims(), gs.len())
+        };
+        let keep = |t: &Tensor, g: Vec<f32>| -> Result<Option<Tensor>> { if t.track_op() { Tensor::from_vec(g, t.shape(), t.device()).map(Some) } else { Ok(None) } };
+        Ok((keep(x, dx)?, keep(gamma, dg)?, keep(beta, db)?))
     }
 }
 
@@ -60,11 +126,69 @@ pub fn bilinear_by_matmul(x: &Tensor, oh: usize, ow: usize, align_corners: bool)
 /// Bilinear resize (PyTorch `align_corners` semantics): the fast kernel, or the matmul form when
 /// `x` records a backward.
 pub fn bilinear(x: &Tensor, oh: usize, ow: usize, align_corners: bool) -> Result<Tensor> {
-    if records(x) {
+    let (_, _, h, w) = x.dims4()?;
+    let nonempty = h * w * oh * ow > 0;
+    if records(x) && x.device().is_cpu() && x.dtype() == DType::F32 && nonempty {
+        x.contiguous()?.apply_op1_arc(std::sync::Arc::new(Box::new(TrainBilinear { size: (oh, ow), align_corners })))
+    } else if records(x) {
         bilinear_by_matmul(x, oh, ow, align_corners)
     } else if let Some(y) = crate::kernels::bilinear_cpu::bilinear(x, oh, ow, align_corners)? {
         Ok(y)
     } else {
         x.upsample_bilinear2d(oh, ow, align_corners)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::test_values::spread;
+    use candle_core::{Device, Var};
+
+    fn max_abs(t: &Tensor) -> f64 {
+        t.abs().unwrap().max_all().unwrap().to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap()
+    }
+
+    /// The f32 training LayerNorm op and Candle's formula in f64: the same output and gradients of
+    /// the input, weight and bias.
+    #[test]
+    fn the_training_layer_norm_equals_the_formula_with_its_gradients() {
+        let dev = Device::Cpu;
+        let (x, w, bias) = (spread((2, 5, 16), 1, &dev), spread(16, 2, &dev), spread(16, 3, &dev));
+        let gy = spread((2, 5, 16), 4, &dev);
+        let run = |dt: DType| {
+            let vars = [&x, &w, &bias].map(|t| Var::from_tensor(&t.to_dtype(dt).unwrap()).unwrap());
+            let norm = LayerNorm::new(vars[1].as_tensor().clone(), vars[2].as_tensor().clone(), 1e-6);
+            let y = layer_norm(&norm, vars[0].as_tensor()).unwrap();
+            let g = (&y * gy.to_dtype(dt).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+            let grads: Vec<Tensor> = vars.iter().map(|v| g.get(v.as_tensor()).unwrap().to_dtype(DType::F64).unwrap()).collect();
+            (y.to_dtype(DType::F64).unwrap(), grads)
+        };
+        let ((y, g), (y64, g64)) = (run(DType::F32), run(DType::F64));
+        assert!(max_abs(&(y - y64).unwrap()) < 1e-5);
+        for (got, want) in g.iter().zip(&g64) {
+            assert!(max_abs(&(got - want).unwrap()) <= 1e-4 * max_abs(want).max(1.0));
+        }
+    }
+
+    /// The f32 training resize and the interpolation matmuls in f64: the same output and input
+    /// gradient, up and down, with and without aligned corners.
+    #[test]
+    fn the_training_bilinear_equals_the_matmul_form_with_its_gradient() {
+        let dev = Device::Cpu;
+        let x = spread((2, 3, 5, 7), 1, &dev);
+        for (oh, ow, align) in [(11, 9, false), (11, 9, true), (3, 4, false), (8, 13, true)] {
+            let gy = spread((2, 3, oh, ow), 2, &dev);
+            let run = |dt: DType, f: &dyn Fn(&Tensor) -> Result<Tensor>| {
+                let v = Var::from_tensor(&x.to_dtype(dt).unwrap()).unwrap();
+                let y = f(v.as_tensor()).unwrap();
+                let g = (&y * gy.to_dtype(dt).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+                (y.to_dtype(DType::F64).unwrap(), g.get(v.as_tensor()).unwrap().to_dtype(DType::F64).unwrap())
+            };
+            let (y, g) = run(DType::F32, &|t| bilinear(t, oh, ow, align));
+            let (y64, g64) = run(DType::F64, &|t| bilinear_by_matmul(t, oh, ow, align));
+            assert!(max_abs(&(y - y64).unwrap()) < 1e-5);
+            assert!(max_abs(&(&g - &g64).unwrap()) <= 1e-5 * max_abs(&g64).max(1.0), "{oh}×{ow} align {align}");
+        }
     }
 }

@@ -5,6 +5,7 @@ pub mod activation;
 pub mod attention;
 pub mod conv;
 pub mod conv_transpose;
+pub(crate) mod dense_conv;
 pub mod grad;
 pub mod group_norm;
 pub mod interpolate;

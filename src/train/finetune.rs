@@ -366,7 +366,7 @@ impl Job {
                     .iter()
                     .map(|&(_, i)| self.cfg.augment.then(|| Augment::draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, i as u64, 1]))))
                     .collect();
-                let batch = self.inputs(&idx, &augs)?;
+                let batch = crate::profile::tally("step: inputs (decode, features)", || self.inputs(&idx, &augs))?;
                 self.report_ignored(note)?;
                 // Left out: its contribution to the step is zero (the others stay divided by k).
                 let Some((inputs, target, _)) = batch else { continue };
@@ -377,10 +377,11 @@ impl Job {
                         checkpointed_step(model, pixels, self.first_trained_block(), kept, &mut grads, &loss_fn)? * k as f64
                     }
                     _ => {
-                        let loss = self.loss.apply(&self.predict(&inputs)?, &target)?;
+                        let loss = crate::profile::tally("step: forward + loss", || self.loss.apply(&self.predict(&inputs)?, &target))?;
                         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         if value.is_finite() {
-                            grads.accumulate(&(loss / k as f64)?.backward()?)?;
+                            let store = crate::profile::tally("step: backward (every op)", || (loss / k as f64)?.backward())?;
+                            crate::profile::tally("step: gradient sums", || grads.accumulate(&store))?;
                         }
                         value
                     }
@@ -399,7 +400,7 @@ impl Job {
             // A step whose every sample was left out has no gradient: the weights stay as they are.
             let grad_norm = if self.cfg.clip_grad_norm > 0.0 && used > 0 { Some(grads.clip_norm(self.cfg.clip_grad_norm)?) } else { None };
             if used > 0 {
-                adam.step(&grads)?;
+                crate::profile::tally("step: AdamW", || adam.step(&grads))?;
             }
             grads.clear();
             if inject_nan_at() == Some(step + 1) {
@@ -407,7 +408,7 @@ impl Job {
                 v.set(&(v.as_tensor() * f64::NAN)?)?;
             }
             let params = self.named_tensors();
-            if let Some(name) = first_non_finite(params.iter().map(|(n, t)| (n.as_str(), t)))? {
+            if let Some(name) = crate::profile::tally("step: finiteness check", || first_non_finite(params.iter().map(|(n, t)| (n.as_str(), t))))? {
                 return Err(Error::Input(format!(
                     "step {} turned `{name}` non-finite (NaN or infinite; try a lower max_lr or clip_grad_norm); nothing was saved over the last checkpoint",
                     step + 1
@@ -415,8 +416,9 @@ impl Job {
             }
             step += 1;
             if let Some(e) = ema.as_mut() {
-                e.update(&params, step as u64)?;
+                crate::profile::tally("step: EMA", || e.update(&params, step as u64))?;
             }
+            crate::profile::print_tallies(&format!("training step {step}/{total}"));
             // null in the log when every micro-batch of the step was left out.
             let loss = (used > 0).then(|| loss_sum / used as f64);
             write_line(&mut log, &log_path, serde_json::json!({"step": step, "lr": lr, "loss": loss, "grad_norm": grad_norm}))?;

@@ -17,7 +17,7 @@ use crate::tasks::Task;
 use crate::weights::Vb;
 
 /// The Depth Anything V1/V2 family.
-pub(crate) struct DepthAnythingFamily;
+pub struct DepthAnythingFamily;
 
 impl Family for DepthAnythingFamily {
     type Config = Config;

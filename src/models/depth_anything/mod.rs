@@ -3,7 +3,7 @@ mod family;
 pub mod processor;
 mod training;
 
-pub(crate) use family::DepthAnythingFamily;
+pub use family::DepthAnythingFamily;
 pub use processor::DptProcessor;
 use candle_core::{Module, Tensor};
 use crate::nn::conv::Conv2d;
