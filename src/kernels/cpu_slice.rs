@@ -18,6 +18,14 @@ pub(crate) fn contiguous_f32<'a>(s: &'a candle_core::CpuStorage, l: &candle_core
     Ok(&s.as_slice::<f32>()?[start..end])
 }
 
+/// `f` on the f32 elements of two CPU tensors (each made contiguous first, borrowed, not copied); an
+/// error for other devices and dtypes.
+pub(crate) fn with_f32_pair<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> Result<R>) -> Result<R> {
+    let not_cpu = || candle_core::Error::Msg(format!("expected f32 CPU tensors, got {:?} on {:?} and {:?} on {:?}", a.dtype(), a.device(), b.dtype(), b.device()));
+    let inner = with_contiguous(a, |sa: &[f32]| with_contiguous(b, |sb: &[f32]| f(sa, sb)))?.ok_or_else(not_cpu)?;
+    inner?.ok_or_else(not_cpu)?
+}
+
 /// A per-thread scratch buffer, reused across tasks and calls (see [`with_scratch`]).
 pub(crate) type Scratch<T> = std::thread::LocalKey<std::cell::RefCell<Vec<T>>>;
 

@@ -121,14 +121,38 @@ pub fn gelu_erf<const FUSED: bool>(x: f32) -> f32 {
 /// The derivative of [`gelu_erf`], `Φ(x) + x·φ(x)`, times `dy`: `dx[i] = dy[i] · gelu'(x[i])`, in
 /// parallel chunks (the three of one length).
 pub(crate) fn gelu_erf_grad_map(x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    const INV_SQRT_2PI: f32 = 0.398_942_3;
-    dx.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK))).for_each(|(d, (x, g))| {
-        for ((d, &x), &g) in d.iter_mut().zip(x).zip(g) {
-            let cdf = 0.5 * (1.0 + erf::<false>(x * std::f32::consts::FRAC_1_SQRT_2));
-            let pdf = INV_SQRT_2PI * (-0.5 * x * x).exp();
-            *d = g * (cdf + x * pdf);
+    dx.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK))).for_each(|(d, (x, g))| gelu_erf_grad_into(x, g, d));
+}
+
+simd_fn! {
+    /// [`gelu_erf_grad_map`] on this thread.
+    fn gelu_erf_grad_into<FUSED>(x: &[f32], dy: &[f32], dx: &mut [f32]) -> () {
+        const INV_SQRT_2PI: f32 = 0.398_942_3;
+        for ((d, &x), &g) in dx.iter_mut().zip(x).zip(dy) {
+            let cdf = 0.5 * (1.0 + erf::<FUSED>(x * std::f32::consts::FRAC_1_SQRT_2));
+            let pdf = INV_SQRT_2PI * exp_nonpositive::<FUSED>(-0.5 * x * x);
+            *d = g * madd::<FUSED>(x, pdf, cdf);
         }
-    });
+    }
+}
+
+simd_fn! {
+    /// `sum[j] += exp(row[j] − max[j])` for `row[j] ≤ max[j]`, on this thread.
+    pub(crate) fn add_exp_shifted<FUSED>(row: &[f32], max: &[f32], sum: &mut [f32]) -> () {
+        for ((s, &v), &m) in sum.iter_mut().zip(row).zip(max) {
+            *s += exp_nonpositive::<FUSED>(v - m);
+        }
+    }
+}
+
+simd_fn! {
+    /// `dst[j] = g[j] − exp(logp[j]) · total[j]` (a log-softmax's input gradient) for `logp[j] ≤ 0`,
+    /// on this thread.
+    pub(crate) fn log_softmax_grad_row<FUSED>(g: &[f32], logp: &[f32], total: &[f32], dst: &mut [f32]) -> () {
+        for (((d, &gv), &lp), &t) in dst.iter_mut().zip(g).zip(logp).zip(total) {
+            *d = madd::<FUSED>(-exp_nonpositive::<FUSED>(lp), t, gv);
+        }
+    }
 }
 
 /// `dst[i] = gelu_erf(src[i])`, in parallel chunks (`src` and `dst` of one length).

@@ -317,6 +317,20 @@ pub fn cpu_xw_plus_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle
     cpu_f32_product(x, w, bias, Post::None)
 }
 
+/// `dst[n × m] (+)= beta · a · b` for row-major `a` (`n × k`, transposed: stored `k × n`) and `b`
+/// (`k × m`, transposed: stored `m × k`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product(dst: &mut [f32], (n, m, k): (usize, usize, usize), a: &[f32], a_t: bool, b: &[f32], b_t: bool, beta: f32, add: bool, par: gemm::Parallelism) {
+    let (a_cs, a_rs) = if a_t { (n as isize, 1) } else { (1, k as isize) };
+    let (b_cs, b_rs) = if b_t { (k as isize, 1) } else { (1, m as isize) };
+    assert!(dst.len() >= n * m && a.len() >= n * k && b.len() >= k * m, "product: operands shorter than their shapes");
+    // SAFETY: the strides address `n × k`, `k × m` and `n × m` elements within the three slices,
+    // whose lengths are checked above.
+    unsafe {
+        gemm::gemm(n, m, k, dst.as_mut_ptr(), 1, m as isize, add, a.as_ptr(), a_cs, a_rs, b.as_ptr(), b_cs, b_rs, if add { 1.0 } else { 0.0 }, beta, false, false, false, par);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

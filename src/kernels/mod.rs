@@ -20,6 +20,8 @@ pub(crate) mod half_amx;
 pub mod int8_attention;
 pub mod int8_gemm;
 pub(crate) mod layer_norm_train;
+pub(crate) mod linear_train;
+pub(crate) mod log_softmax;
 pub mod mixlog;
 pub(crate) mod panel_gemm;
 pub(crate) mod q8_rows;

@@ -77,12 +77,14 @@ impl candle_core::CustomOp1 for TrainGelu {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, gy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let (xs, dy) = (x.flatten_all()?.to_vec1::<f32>()?, gy.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
-        if xs.len() != dy.len() {
-            candle_core::bail!("gelu backward: input {:?} and gradient {:?} differ", x.dims(), gy.dims());
-        }
-        let mut dx = vec![0f32; xs.len()];
-        crate::profile::tally("gelu backward", || crate::kernels::fast_math::gelu_erf_grad_map(&xs, &dy, &mut dx));
+        let dx = crate::kernels::cpu_slice::with_f32_pair(x, &gy.to_dtype(candle_core::DType::F32)?, |xs, dy| {
+            if xs.len() != dy.len() {
+                candle_core::bail!("gelu backward: input {:?} and gradient {:?} differ", x.dims(), gy.dims());
+            }
+            let mut dx = vec![0f32; xs.len()];
+            crate::profile::tally("gelu backward", || crate::kernels::fast_math::gelu_erf_grad_map(xs, dy, &mut dx));
+            Ok(dx)
+        })?;
         Tensor::from_vec(dx, x.shape(), x.device()).map(Some)
     }
 }

@@ -23,7 +23,7 @@ pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, bias: Option<&Tensor
 }
 
 /// Whether [`train_attention`] runs these operands: f32 on the CPU, rank 4, one of them recording.
-fn trains_on_cpu(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+pub(crate) fn trains_on_cpu(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     let all = [q, k, v];
     all.iter().all(|t| t.device().is_cpu() && t.dtype() == DType::F32 && t.rank() == 4) && all.iter().any(|t| t.track_op())
 }

@@ -6,7 +6,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 
 use crate::kernels::conv2d::Dense;
 use crate::kernels::conv_grad::{bias_grad, input_grad, weight_grad};
-use crate::kernels::cpu_slice::{contiguous_f32, with_contiguous};
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
 
 /// Whether [`conv`] runs `x` by `w` (f32 on the CPU, one group, no dilation).
 pub(crate) fn applies(x: &Tensor, w: &Tensor, groups: usize, dilation: usize) -> bool {
@@ -56,30 +56,23 @@ impl DenseConv {
         let gy = gy.to_dtype(DType::F32)?.contiguous()?;
         let sizes = || candle_core::Error::Msg(format!("dense conv backward: operand sizes do not match {g:?}"));
         let gx = if x.track_op() {
-            let v = crate::profile::tally("conv backward: input", || on_slices(w, &gy, |ws, dy| input_grad(g, ws, dy).ok_or_else(sizes)))?;
+            let v = crate::profile::tally("conv backward: input", || with_f32_pair(w, &gy, |ws, dy| input_grad(g, ws, dy).ok_or_else(sizes)))?;
             Some(Tensor::from_vec(v, (g.b, g.c, g.h, g.w), dev)?)
         } else {
             None
         };
         let gw = if w.track_op() {
-            let v = crate::profile::tally("conv backward: weight", || on_slices(x, &gy, |xs, dy| weight_grad(g, xs, dy).ok_or_else(sizes)))?;
+            let v = crate::profile::tally("conv backward: weight", || with_f32_pair(x, &gy, |xs, dy| weight_grad(g, xs, dy).ok_or_else(sizes)))?;
             Some(Tensor::from_vec(v, (g.o, g.c, g.kh, g.kw), dev)?)
         } else {
             None
         };
         let gb = match bias {
-            Some(b) if b.track_op() => Some(Tensor::from_vec(on_slices(&gy, &gy, |dy, _| Ok(bias_grad(g.b, g.o, oh * ow, dy)))?, g.o, dev)?),
+            Some(b) if b.track_op() => Some(Tensor::from_vec(with_f32_pair(&gy, &gy, |dy, _| Ok(bias_grad(g.b, g.o, oh * ow, dy)))?, g.o, dev)?),
             _ => None,
         };
         Ok([gx, gw, gb])
     }
-}
-
-/// `f` on the f32 elements of `a` and `b` (CPU tensors).
-fn on_slices<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> Result<R>) -> Result<R> {
-    let not_cpu = || candle_core::Error::Msg("dense conv backward: operands must be f32 CPU tensors".into());
-    let inner = with_contiguous(a, |sa: &[f32]| with_contiguous(b, |sb: &[f32]| f(sa, sb)))?.ok_or_else(not_cpu)?;
-    inner?.ok_or_else(not_cpu)?
 }
 
 impl CustomOp2 for DenseConv {

@@ -7,7 +7,7 @@ use candle_nn::LayerNorm;
 
 use candle_core::Result;
 
-use crate::kernels::cpu_slice::contiguous_f32;
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
 
 /// Whether a backward pass could reach through `t` (a trainable `Var`, or computed from one).
 pub fn records(t: &Tensor) -> bool {
@@ -51,8 +51,8 @@ impl candle_core::CustomOp1 for TrainBilinear {
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, gy: &Tensor) -> Result<Option<Tensor>> {
         let (_, _, h, w) = x.dims4()?;
-        let dy = gy.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-        let gx = crate::profile::tally("bilinear backward", || crate::kernels::bilinear_cpu::resize_backward(&dy, (h, w), self.size, self.align_corners));
+        let gy = gy.to_dtype(DType::F32)?;
+        let gx = with_f32_pair(&gy, &gy, |dy, _| Ok(crate::profile::tally("bilinear backward", || crate::kernels::bilinear_cpu::resize_backward(dy, (h, w), self.size, self.align_corners))))?;
         Tensor::from_vec(gx, x.shape(), x.device()).map(Some)
     }
 }
@@ -77,11 +77,11 @@ impl candle_core::CustomOp3 for TrainLayerNorm {
     }
 
     fn bwd(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, _y: &Tensor, gy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let flat = |t: &Tensor| t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>();
-        let (xs, gs, dy) = (flat(x)?, flat(gamma)?, flat(gy)?);
-        let Some((dx, dg, db)) = crate::profile::tally("layer norm backward", || crate::kernels::layer_norm_train::backward(&xs, gs.len(), &gs, &dy, self.eps)) else {
-            candle_core::bail!("layer norm backward: input {:?} does not end in the norm's {} values", x.dims(), gs.len())
-        };
+        let gs = gamma.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        let (dx, dg, db) = with_f32_pair(x, &gy.to_dtype(DType::F32)?, |xs, dy| {
+            crate::profile::tally("layer norm backward", || crate::kernels::layer_norm_train::backward(xs, gs.len(), &gs, dy, self.eps))
+                .ok_or_else(|| candle_core::Error::Msg(format!("layer norm backward: input {:?} does not end in the norm's {} values", x.dims(), gs.len())))
+        })?;
         let keep = |t: &Tensor, g: Vec<f32>| -> Result<Option<Tensor>> { if t.track_op() { Tensor::from_vec(g, t.shape(), t.device()).map(Some) } else { Ok(None) } };
         Ok((keep(x, dx)?, keep(gamma, dg)?, keep(beta, db)?))
     }
@@ -93,6 +93,43 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
         candle_nn::ops::softmax(x, D::Minus1)
     } else {
         candle_nn::ops::softmax_last_dim(x)
+    }
+}
+
+/// Log-softmax over the channels (dimension 1) of `[B, C, H, W]` scores: one op with a one-pass
+/// backward for f32 CPU tensors ([`crate::kernels::log_softmax`]), Candle's formula otherwise.
+pub fn log_softmax_channels(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() && x.dtype() == DType::F32 && x.rank() == 4 && x.elem_count() > 0 {
+        return x.contiguous()?.apply_op1_arc(std::sync::Arc::new(Box::new(LogSoftmaxChannels)));
+    }
+    let max = x.max_keepdim(1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)
+}
+
+/// [`log_softmax_channels`] as one op.
+struct LogSoftmaxChannels;
+
+impl candle_core::CustomOp1 for LogSoftmaxChannels {
+    fn name(&self) -> &'static str {
+        "log-softmax-channels"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, c, h, w) = l.shape().dims4()?;
+        let x = contiguous_f32(s, l)?;
+        match crate::profile::tally("log-softmax forward", || crate::kernels::log_softmax::forward(x, c, h * w)) {
+            Some(y) => Ok((CpuStorage::F32(y), l.shape().clone())),
+            None => candle_core::bail!("log-softmax: bad shape {:?}", l.dims()),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, logp: &Tensor, g: &Tensor) -> Result<Option<Tensor>> {
+        let (_, c, h, w) = x.dims4()?;
+        let dx = with_f32_pair(logp, &g.to_dtype(DType::F32)?, |lp, dy| {
+            crate::profile::tally("log-softmax backward", || crate::kernels::log_softmax::backward(lp, dy, c, h * w)).ok_or_else(|| candle_core::Error::Msg(format!("log-softmax backward: bad shape {:?}", x.dims())))
+        })?;
+        Tensor::from_vec(dx, x.shape(), x.device()).map(Some)
     }
 }
 
@@ -190,5 +227,26 @@ mod tests {
             assert!(max_abs(&(y - y64).unwrap()) < 1e-5);
             assert!(max_abs(&(&g - &g64).unwrap()) <= 1e-5 * max_abs(&g64).max(1.0), "{oh}×{ow} align {align}");
         }
+    }
+
+    /// The f32 log-softmax op over channels and Candle's formula in f64: output and gradient.
+    #[test]
+    fn the_channel_log_softmax_equals_the_formula_with_its_gradient() {
+        let dev = Device::Cpu;
+        let x = spread((2, 7, 5, 3), 1, &dev);
+        let gy = spread((2, 7, 5, 3), 2, &dev);
+        let run = |dt: DType, f: &dyn Fn(&Tensor) -> Result<Tensor>| {
+            let v = Var::from_tensor(&x.to_dtype(dt).unwrap()).unwrap();
+            let y = f(v.as_tensor()).unwrap();
+            let g = (&y * gy.to_dtype(dt).unwrap()).unwrap().sum_all().unwrap().backward().unwrap();
+            (y.to_dtype(DType::F64).unwrap(), g.get(v.as_tensor()).unwrap().to_dtype(DType::F64).unwrap())
+        };
+        let (y, g) = run(DType::F32, &log_softmax_channels);
+        let (y64, g64) = run(DType::F64, &|t| {
+            let shifted = t.broadcast_sub(&t.max_keepdim(1)?.detach())?;
+            shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)
+        });
+        assert!(max_abs(&(y - y64).unwrap()) < 1e-5);
+        assert!(max_abs(&(&g - &g64).unwrap()) <= 1e-5 * max_abs(&g64).max(1.0));
     }
 }

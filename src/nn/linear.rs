@@ -338,6 +338,15 @@ impl Linear {
         if let Some(last) = out_dims.last_mut() {
             *last = self.out_dim;
         }
+        if let Weight::Dense(w) | Weight::Transposed(w) = &self.weight {
+            if super::train_linear::applies(x, w, self.bias.as_ref()) {
+                // Training: every row in one op with its own backward, whatever the batch.
+                let transposed = matches!(self.weight, Weight::Transposed(_));
+                let rows: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+                let y = super::train_linear::linear(&x.reshape((rows, in_dim))?, w, transposed, self.bias.as_ref())?;
+                return apply_post(y, post)?.reshape(out_dims);
+            }
+        }
         if dims.len() >= 3 && dims[0] > 1 {
             let per_item: usize = dims[1..dims.len() - 1].iter().product();
             let items = (0..dims[0]).map(|i| self.forward_rows(&x.get(i)?.reshape((per_item, in_dim))?, post)).collect::<candle_core::Result<Vec<_>>>()?;

@@ -12,6 +12,7 @@ pub mod interpolate;
 pub mod layers;
 pub mod linear;
 pub mod rope;
+pub(crate) mod train_linear;
 pub(crate) mod rope2d;
 
 pub use linear::Linear;

@@ -72,9 +72,7 @@ pub fn ssi(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
 
 /// `log_softmax` over dimension 1 (classes), from differentiable ops.
 pub(crate) fn log_softmax_classes(logits: &Tensor) -> Result<Tensor> {
-    let max = logits.max_keepdim(1)?.detach();
-    let shifted = logits.broadcast_sub(&max)?;
-    Ok(shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)?)
+    Ok(crate::nn::grad::log_softmax_channels(logits)?)
 }
 
 /// Per-pixel log-probability of the target class and the 0/1 mask of counted pixels.

@@ -358,6 +358,8 @@ impl Attention {
             Some(crate::kernels::int8_attention::attention(&q, &k, &v, scale as f32))
         } else if crate::kernels::fused_attention::applies(&q, &k, &v) {
             Some(crate::kernels::fused_attention::attention(&q, &k, &v, scale as f32))
+        } else if crate::nn::attention::trains_on_cpu(&q, &k, &v) {
+            Some(crate::nn::attention::train_attention(&q, &k, &v, scale))
         } else {
             None
         };
@@ -481,7 +483,8 @@ pub enum DecodeHeadImpl {
 /// `linear_fuse` and an eval-mode BatchNorm kept apart, for training: the conv weight and the
 /// BatchNorm's affine parameters may be trainable; the running statistics stay fixed.
 struct TrainableFuse {
-    weight: Tensor,
+    /// The bias-free 1×1 `linear_fuse` (its weight may be a Var).
+    conv: Conv2d,
     gamma: Tensor,
     beta: Tensor,
     mean: Tensor,
@@ -493,7 +496,7 @@ impl TrainableFuse {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         let d = self.gamma.dim(0)?;
         let per_channel = |t: &Tensor| t.reshape((1, d, 1, 1));
-        let y = x.conv2d(&self.weight, 0, 1, 1, 1)?;
+        let y = self.conv.forward(x)?;
         let scale = (&self.gamma * &self.inv_std)?;
         y.broadcast_sub(&per_channel(&self.mean)?)?.broadcast_mul(&per_channel(&scale)?)?.broadcast_add(&per_channel(&self.beta)?)
     }
@@ -531,7 +534,7 @@ impl DecodeHead {
             let bn = vb.pp("batch_norm");
             let inv_std = (bn.get(d, "running_var")? + BATCH_NORM_EPS)?.sqrt()?.recip()?;
             let fuse = TrainableFuse {
-                weight: vb.get((d, n * d, 1, 1), "linear_fuse.weight")?,
+                conv: Conv2d::new(vb.get((d, n * d, 1, 1), "linear_fuse.weight")?, None, Conv2dConfig::default()),
                 gamma: bn.get(d, "weight")?,
                 beta: bn.get(d, "bias")?,
                 mean: bn.get(d, "running_mean")?,
