@@ -277,3 +277,24 @@ impl FinetuneConfig {
         serde_json::to_string(&c).unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// New settings at their defaults leave the fingerprint as it was, so states saved before they
+    /// existed still resume.
+    #[test]
+    fn default_new_settings_keep_old_fingerprints() {
+        let c = FinetuneConfig::from_toml("model = \"m\"\ntask = \"depth\"\ndata = \"d\"\nout = \"o\"\n", Path::new("/")).unwrap();
+        let fp = c.fingerprint();
+        for k in ["label_smoothing", "mixup_alpha", "cutmix_alpha", "mix_prob", "switch_prob", "hard_examples", "val_every_epoch"] {
+            assert!(!fp.contains(k), "{k} in {fp}");
+        }
+        let mut d = c.clone();
+        d.val_every_epoch = false;
+        assert_eq!(d.fingerprint(), fp, "validation settings do not change the result");
+        d.mixup_alpha = 0.2;
+        assert_ne!(d.fingerprint(), fp);
+    }
+}
