@@ -164,7 +164,7 @@ fn mixing_and_hard_examples_resume_to_bit_identical_weights() {
     assert!(o.status.success(), "{}", text(&o));
     let want_last = std::fs::read(whole.join("last/model.safetensors")).unwrap();
     let want_log = std::fs::read_to_string(whole.join("log.jsonl")).unwrap();
-    let state = WeightStore::open(&whole.join("state/state.safetensors")).unwrap();
+    let state = WeightStore::open(whole.join("state/state.safetensors")).unwrap();
     for k in ["hard.latest", "hard.epoch"] {
         let v = state.tensor(k, DType::F32, &Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
         assert!(v.len() == 9 && v.iter().all(|&l| l >= 0.0), "{k}: {v:?}");
