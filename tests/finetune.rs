@@ -79,10 +79,20 @@ fn the_example_trains_the_head_and_writes_loadable_models() {
     // 9 training images, batch 2 → 5 micro-batches, accumulate 2 → 3 steps per epoch, 20 epochs.
     assert_eq!(steps.len(), 60);
     assert!(steps.iter().all(|s| s["lr"].as_f64().unwrap() > 0.0 && s["loss"].as_f64().unwrap().is_finite()));
-    let val: Vec<f64> = log.lines().filter(|l| l.contains("val_loss")).map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["val_loss"].as_f64().unwrap()).collect();
-    assert_eq!(val.len(), 6);
+    let val_lines: Vec<serde_json::Value> = log.lines().filter(|l| l.contains("val_loss")).map(|l| serde_json::from_str(l).unwrap()).collect();
+    let val: Vec<f64> = val_lines.iter().map(|v| v["val_loss"].as_f64().unwrap()).collect();
+    // Validated at the end of every epoch (every 3 steps) and every val_every = 10 steps.
+    let val_steps: Vec<u64> = val_lines.iter().map(|v| v["step"].as_u64().unwrap()).collect();
+    let want: Vec<u64> = (1..=60).filter(|s| s % 3 == 0 || s % 10 == 0).collect();
+    assert_eq!(val_steps, want);
     // The task is learnable: the validation loss at least halves.
-    assert!(val[5] < 0.5 * val[0], "validation losses {val:?}");
+    assert!(val[val.len() - 1] < 0.5 * val[0], "validation losses {val:?}");
+    // The end of the run shows the last five points of the validation curve.
+    let shown = text(&o);
+    assert!(shown.contains(&format!("validation curve (last 5 of {} points)", val.len())), "{shown}");
+    for (s, v) in val_steps.iter().zip(&val).skip(val.len() - 5) {
+        assert!(shown.contains(&format!("step {s:>6}  val_loss {v:.5}")), "step {s}: {shown}");
+    }
     let fixture = root().join("tests/fixtures/da2_metric_p14");
     for d in ["last", "best"] {
         let m = out.join(d);
@@ -98,6 +108,7 @@ fn the_example_trains_the_head_and_writes_loadable_models() {
     let o = run(&["--config", config(&dir, &out, "").to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("0 of 60 steps taken"), "{}", text(&o));
+    assert!(text(&o).contains("validation curve (last 5 of 24 points)"), "the curve is read back from the log: {}", text(&o));
     assert_eq!(std::fs::read(out.join("last/model.safetensors")).unwrap(), before);
 }
 
@@ -137,6 +148,60 @@ fn a_run_killed_at_any_point_resumes_to_bit_identical_weights() {
         assert!(std::fs::read(out.join("last/model.safetensors")).unwrap() == want_last, "killed after {lines} log lines: last/ differs");
         assert!(std::fs::read(out.join("best/model.safetensors")).unwrap() == want_best, "killed after {lines} log lines: best/ differs");
         assert_eq!(std::fs::read_to_string(out.join("log.jsonl")).unwrap(), want_log, "killed after {lines} log lines");
+    }
+}
+
+/// CutMix, MixUp and hard-example sampling on: a run killed at any point and resumed ends
+/// bit-identical (the mix of a step is drawn from the seed, the per-sample losses are in the state);
+/// and the techniques change the run.
+#[test]
+fn mixing_and_hard_examples_resume_to_bit_identical_weights() {
+    let (dir, _cleanup) = tmp("techniques");
+    let plain = "epochs = 6\nsave_every = 2\nval_every = 4\naugment = true";
+    let extra = format!("{plain}\nmixup_alpha = 0.4\ncutmix_alpha = 1.0\nswitch_prob = 0.5\nhard_examples = 0.6");
+    let whole = dir.join("whole");
+    let o = run(&["--config", config(&dir, &whole, &extra).to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want_last = std::fs::read(whole.join("last/model.safetensors")).unwrap();
+    let want_log = std::fs::read_to_string(whole.join("log.jsonl")).unwrap();
+    let state = WeightStore::open(whole.join("state/state.safetensors")).unwrap();
+    for k in ["hard.latest", "hard.epoch"] {
+        let v = state.tensor(k, DType::F32, &Device::Cpu).unwrap().to_vec1::<f32>().unwrap();
+        assert!(v.len() == 9 && v.iter().all(|&l| l >= 0.0), "{k}: {v:?}");
+    }
+    for lines in [5, 13] {
+        let out = dir.join(format!("killed-{lines}"));
+        let cfg = config(&dir, &out, &extra);
+        killed_then_resumed(&dir, &out, &cfg, lines);
+        assert!(std::fs::read(out.join("last/model.safetensors")).unwrap() == want_last, "killed after {lines} log lines: last/ differs");
+        assert_eq!(std::fs::read_to_string(out.join("log.jsonl")).unwrap(), want_log, "killed after {lines} log lines");
+    }
+    let off = dir.join("off");
+    let o = run(&["--config", config(&dir, &off, plain).to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(std::fs::read(off.join("last/model.safetensors")).unwrap() != want_last, "mixing and hard examples change the run");
+}
+
+#[test]
+fn new_settings_are_bounded_and_named() {
+    let (dir, _cleanup) = tmp("techniques-bad");
+    let out = dir.join("out");
+    for (extra, says) in [
+        ("label_smoothing = 0.1", "label_smoothing: smooths the segmentation cross-entropy; task `depth`"),
+        ("label_smoothing = 1.0", "label_smoothing: 1 is outside [0, 1)"),
+        ("hard_examples = 1.0", "hard_examples: 1 is outside [0, 1)"),
+        ("hard_examples = -0.1", "hard_examples"),
+        ("mix_prob = 1.5", "mix_prob: 1.5 is outside [0, 1]"),
+        ("switch_prob = -0.5", "switch_prob"),
+        ("mixup_alpha = -1.0", "mixup_alpha: -1 is outside [0, 100]"),
+        ("cutmix_alpha = 1e9", "cutmix_alpha"),
+        ("cutmix_alpha = nan", "cutmix_alpha"),
+        ("mixup_alpha = 0.2\nbatch = 1", "batch must be at least 2"),
+    ] {
+        let o = run(&["--config", config(&dir, &out, extra).to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{extra}: {}", text(&o));
+        assert!(text(&o).contains(says), "{extra}: {}", text(&o));
+        assert!(!out.join("last").exists(), "{extra}");
     }
 }
 

@@ -98,6 +98,23 @@ fn segmentation_example_learns_and_its_model_segments() {
     }
 }
 
+/// Label smoothing, CutMix + MixUp and hard-example sampling on the segmentation example: the run
+/// finishes, still learns, logs and shows mIoU with the validation curve.
+#[test]
+fn segmentation_learns_with_smoothing_mixing_and_hard_examples() {
+    let t = tempfile::tempdir().unwrap();
+    let extra = "epochs = 20\nlabel_smoothing = 0.1\nmixup_alpha = 0.4\ncutmix_alpha = 1.0\nhard_examples = 0.5";
+    let o = edgerun(&["finetune", "--config", config(t.path(), "finetune_segmentation.toml", None, extra).to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let val = val_losses(&t.path().join("out"));
+    // 9 training images, batch 3: 3 steps per epoch; validated after each of the 20 epochs and at
+    // steps 10, 20, 40 and 50 (val_every = 10).
+    assert_eq!(val.len(), 24, "{val:?}");
+    let best = val.iter().cloned().fold(f64::INFINITY, f64::min);
+    assert!(best < 0.7 * val[0], "{val:?}");
+    assert!(text(&o).contains("validation curve (last 5 of 24 points)") && text(&o).contains("val_miou"), "{}", text(&o));
+}
+
 #[test]
 fn chm_example_learns_and_its_model_maps_heights() {
     let (_t, out) = example_learns("finetune_chm.toml", "chm", "examples/finetune/chm/images/plot_00.png", ".chm.npy");
@@ -155,6 +172,7 @@ fn settings_that_do_not_fit_the_task_are_refused() {
     for (extra, expect) in [
         ("loss = \"silog\"", "`silog` does not fit task `segmentation`"),
         ("checkpoint_activations = true", "checkpoint_activations / offload: supported for the ViT backbones of tasks `depth` and `chm`"),
+        ("loss = \"focal\"\nlabel_smoothing = 0.1", "label_smoothing: is defined for loss `cross_entropy` only"),
     ] {
         let o = edgerun(&["finetune", "--config", config(t.path(), "finetune_segmentation.toml", None, extra).to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2), "{extra}: {}", text(&o));

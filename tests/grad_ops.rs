@@ -248,6 +248,9 @@ fn losses_backward_match_finite_differences() {
     let classes = Tensor::new(&[[[0u32, 3, 255], [1, 2, 2]], [[3, 255, 0], [1, 1, 0]]], &DEV).unwrap();
     check(&[("logits", &x)], &|| losses::cross_entropy(x.as_tensor(), &classes, 255).unwrap(), 48);
     check(&[("logits", &x)], &|| losses::focal(x.as_tensor(), &classes, 2.0, 255).unwrap(), 48);
+    check(&[("logits", &x)], &|| losses::cross_entropy_smoothed(x.as_tensor(), &classes, 255, 0.2).unwrap(), 48);
+    let partner = Tensor::new(&[[[3u32, 255, 0], [1, 1, 0]], [[0u32, 3, 255], [1, 2, 2]]], &DEV).unwrap();
+    check(&[("logits", &x)], &|| losses::cross_entropy_pair(x.as_tensor(), &classes, &partner, 0.35, 255, 0.1).unwrap(), 48);
 }
 
 /// Every parameter's gradient of `weigh(forward(x))` with `fixture` loaded in `dtype`, `spec` training.

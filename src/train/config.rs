@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::mix::MixConfig;
 use super::objective::{loss_names, trainable_task_names, trainable_tasks};
 use super::select::TrainSpec;
 use crate::error::{Error, Result};
@@ -54,6 +55,26 @@ pub struct FinetuneConfig {
     /// Focal-loss exponent γ.
     #[serde(default = "focal_gamma")]
     pub focal_gamma: f64,
+    /// Label smoothing ε of the cross-entropy (segmentation; PyTorch's `label_smoothing`), 0 ≤ ε < 1.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub label_smoothing: f64,
+    /// MixUp's Beta(α, α) parameter (timm `Mixup`, batch mode; 0 = off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub mixup_alpha: f64,
+    /// CutMix's Beta(α, α) parameter (timm `Mixup`, batch mode; 0 = off).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cutmix_alpha: f64,
+    /// Probability that a micro-batch is mixed (timm `prob`).
+    #[serde(default = "one_f", skip_serializing_if = "is_one")]
+    pub mix_prob: f64,
+    /// With MixUp and CutMix both on, the probability of CutMix (timm `switch_prob`).
+    #[serde(default = "half", skip_serializing_if = "is_half")]
+    pub switch_prob: f64,
+    /// Hard-example sampling: 0 = off (each epoch a permutation); f in (0, 1): each epoch's samples are
+    /// drawn with replacement, with probability `(1 − f)/n + f · loss_i / Σ loss` from the per-sample
+    /// training losses seen so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hard_examples: f64,
     /// One-cycle peak learning rate.
     #[serde(default = "max_lr")]
     pub max_lr: f64,
@@ -87,6 +108,9 @@ pub struct FinetuneConfig {
     /// Validate every N optimiser steps (and at the end).
     #[serde(default = "every")]
     pub val_every: usize,
+    /// Also validate at the end of every epoch.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub val_every_epoch: bool,
     /// Save `state/` and `last/` every N optimiser steps (and at the end).
     #[serde(default = "every")]
     pub save_every: usize,
@@ -124,6 +148,15 @@ fn yes() -> bool { true }
 fn val_fraction() -> f64 { 0.1 }
 fn every() -> usize { 50 }
 fn cache_mib() -> usize { 1024 }
+fn one_f() -> f64 { 1.0 }
+fn half() -> f64 { 0.5 }
+fn is_zero(v: &f64) -> bool { *v == 0.0 }
+fn is_one(v: &f64) -> bool { *v == 1.0 }
+fn is_half(v: &f64) -> bool { *v == 0.5 }
+fn is_true(v: &bool) -> bool { *v }
+
+/// Largest MixUp / CutMix α.
+pub(crate) const MAX_MIX_ALPHA: f64 = 100.0;
 
 /// The commented default `finetune.toml` (`edgerun finetune --print-config`).
 pub const DEFAULT_TOML: &str = include_str!("default_finetune.toml");
@@ -189,10 +222,46 @@ impl FinetuneConfig {
         finite_in("clip_grad_norm", self.clip_grad_norm, 0.0, 1e12, false)?;
         finite_in("ema_decay", self.ema_decay, 0.0, 1.0, false)?;
         finite_in("val_fraction", self.val_fraction, 0.0, 0.9, false)?;
+        self.validate_techniques()?;
         if self.feature_cache_mib > 1 << 30 {
             return bad("feature_cache_mib", format!("{} is too large", self.feature_cache_mib));
         }
         Ok(())
+    }
+
+    /// The label smoothing, mixing and hard-example settings.
+    fn validate_techniques(&self) -> Result<()> {
+        let bad = |k: &str, msg: String| Err(Error::Config(format!("{k}: {msg}")));
+        let half_open = |k: &str, v: f64| if v.is_finite() && (0.0..1.0).contains(&v) { Ok(()) } else { bad(k, format!("{v} is outside [0, 1)")) };
+        half_open("label_smoothing", self.label_smoothing)?;
+        half_open("hard_examples", self.hard_examples)?;
+        for (k, v) in [("mixup_alpha", self.mixup_alpha), ("cutmix_alpha", self.cutmix_alpha)] {
+            if !(v.is_finite() && (0.0..=MAX_MIX_ALPHA).contains(&v)) {
+                return bad(k, format!("{v} is outside [0, {MAX_MIX_ALPHA}]"));
+            }
+        }
+        for (k, v) in [("mix_prob", self.mix_prob), ("switch_prob", self.switch_prob)] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return bad(k, format!("{v} is outside [0, 1]"));
+            }
+        }
+        if self.label_smoothing > 0.0 {
+            if self.task != Task::Segmentation {
+                return bad("label_smoothing", format!("smooths the segmentation cross-entropy; task `{}` has no class labels", self.task.name()));
+            }
+            if self.loss.as_deref() == Some("focal") {
+                return bad("label_smoothing", "is defined for loss `cross_entropy` only (neither torchvision nor timm defines a label-smoothed focal loss); use loss = \"cross_entropy\" or label_smoothing = 0".into());
+            }
+        }
+        if self.mix().enabled() && self.batch < 2 {
+            return bad("mixup_alpha / cutmix_alpha", format!("mixing pairs the samples of a micro-batch (sample i with sample B−1−i, timm's batch mode): batch must be at least 2, not {}", self.batch));
+        }
+        Ok(())
+    }
+
+    /// The MixUp / CutMix settings.
+    pub fn mix(&self) -> MixConfig {
+        MixConfig { mixup_alpha: self.mixup_alpha, cutmix_alpha: self.cutmix_alpha, mix_prob: self.mix_prob, switch_prob: self.switch_prob }
     }
 
     /// What must match for a saved state to be resumed (everything that changes the result).
@@ -201,9 +270,31 @@ impl FinetuneConfig {
         c.out = PathBuf::new();
         c.save_every = 0;
         c.val_every = 0;
+        c.val_every_epoch = true;
         c.feature_cache_mib = 0;
         c.checkpoint_activations = false;
         c.offload = false;
         serde_json::to_string(&c).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// New settings at their defaults leave the fingerprint as it was, so states saved before they
+    /// existed still resume.
+    #[test]
+    fn default_new_settings_keep_old_fingerprints() {
+        let c = FinetuneConfig::from_toml("model = \"m\"\ntask = \"depth\"\ndata = \"d\"\nout = \"o\"\n", Path::new("/")).unwrap();
+        let fp = c.fingerprint();
+        for k in ["label_smoothing", "mixup_alpha", "cutmix_alpha", "mix_prob", "switch_prob", "hard_examples", "val_every_epoch"] {
+            assert!(!fp.contains(k), "{k} in {fp}");
+        }
+        let mut d = c.clone();
+        d.val_every_epoch = false;
+        assert_eq!(d.fingerprint(), fp, "validation settings do not change the result");
+        d.mixup_alpha = 0.2;
+        assert_ne!(d.fingerprint(), fp);
     }
 }

@@ -14,6 +14,8 @@ use super::recompute::{checkpointed_step, KeptInputs, SpillFile};
 use super::config::FinetuneConfig;
 use super::data::{load_pixels, load_target, Augment, Dataset, Pair, SampleSpec};
 use super::ema::{Ema, EmaConfig};
+use super::mix::{Mix, MixConfig, Targets};
+use super::sampling::{epoch_order, UNSEEN};
 use super::features::FeatureCache;
 use super::grads::Grads;
 use super::rng::SplitMix;
@@ -58,6 +60,8 @@ struct Job {
     data: Dataset,
     sample: SampleSpec,
     loss: Loss,
+    /// MixUp / CutMix settings.
+    mix: MixConfig,
     cache: FeatureCache,
     device: Device,
     /// Files copied beside the weights in `last/` and `best/` (the model's preprocessing).
@@ -108,14 +112,15 @@ impl Job {
         if data.train.is_empty() {
             return Err(Error::bad_file(&cfg.data, "no training images left after the validation split"));
         }
-        let loss = Loss::choose(cfg.loss.as_deref(), model.prediction(), cfg.ignore_index, cfg.focal_gamma);
-        let cache_bytes = if spec == TrainSpec::Head && !cfg.augment { cfg.feature_cache_mib << 20 } else { 0 };
+        let loss = Loss::choose(cfg.loss.as_deref(), model.prediction(), cfg.ignore_index, cfg.focal_gamma, cfg.label_smoothing);
+        let mix = cfg.mix();
+        let cache_bytes = if spec == TrainSpec::Head && !cfg.augment && !mix.enabled() { cfg.feature_cache_mib << 20 } else { 0 };
         let processor = ckpt.processor()?.ok_or_else(|| Error::Config(format!("`{}` takes no images", ckpt.architecture())))?;
         let n = processor.normalization()?;
         let sample = SampleSpec { size: (h, w), mean: n.mean, std: n.std, filter: n.filter, target: target_kind(task) };
         drop(ckpt);
         let extra_files = preprocessor_file(&cfg.model)?.map(|b| vec![("preprocessor_config.json", b)]).unwrap_or_default();
-        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files, ignored: Default::default(), newly_ignored: Vec::new() })
+        Ok(Job { cfg: cfg.clone(), spec, store, model, params, data, sample, loss, mix, cache: FeatureCache::new(cache_bytes), device: device.clone(), extra_files, ignored: Default::default(), newly_ignored: Vec::new() })
     }
 
     fn micro_per_epoch(&self) -> usize {
@@ -126,16 +131,19 @@ impl Job {
         self.micro_per_epoch().div_ceil(self.cfg.accumulate)
     }
 
-    /// Model inputs and targets of `pairs` ((validation?, index)), augmented when training asks, and
-    /// how many samples they hold; None when every sample's target is entirely ignored. A sample
-    /// whose every target pixel is ignored (legal input: an all-NaN depth map, a class map of the
-    /// ignore index only) is left out and recorded in `ignored`. An image whose frozen-backbone
-    /// features are cached is not decoded again; only its target is read.
-    fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>]) -> Result<Option<(Inputs, Tensor, usize)>> {
+    /// Model inputs and targets of `pairs` ((validation?, index)), augmented and mixed when training
+    /// asks, and the positions in `pairs` of the samples they hold; None when every sample's target
+    /// is entirely ignored. A sample whose every target pixel is ignored (legal input: an all-NaN
+    /// depth map, a class map of the ignore index only) is left out and recorded in `ignored`; the
+    /// others are mixed among themselves (a mix that leaves no counted pixel gives None). An image
+    /// whose frozen-backbone features are cached is not decoded again; only its target is read.
+    fn inputs(&mut self, pairs: &[(bool, usize)], augment: &[Option<Augment>], mix: Mix) -> Result<Option<(Inputs, Targets, Vec<usize>)>> {
+        let mixing = mix != Mix::None;
+        let mut kept = Vec::with_capacity(pairs.len());
         let mut pixels = Vec::with_capacity(pairs.len());
         let mut targets = Vec::with_capacity(pairs.len());
         let mut feats = Vec::with_capacity(pairs.len());
-        for (&(val, i), aug) in pairs.iter().zip(augment) {
+        for (pos, (&(val, i), aug)) in pairs.iter().zip(augment).enumerate() {
             let pair: &Pair = if val { &self.data.val[i] } else { &self.data.train[i] };
             if self.ignored.contains(&(val, i)) {
                 continue;
@@ -148,7 +156,11 @@ impl Job {
                 continue;
             }
             targets.push(target);
-            if self.spec == TrainSpec::Head {
+            kept.push(pos);
+            if mixing {
+                // Mixed before the backbone: every image is decoded and nothing is cached.
+                pixels.push(load_pixels(pair, &self.sample, *aug, &self.device)?);
+            } else if self.spec == TrainSpec::Head {
                 let key = (val, i);
                 let f = match self.cache.get(key) {
                     Some(f) => f,
@@ -169,13 +181,30 @@ impl Job {
         if targets.is_empty() {
             return Ok(None);
         }
+        let targets = mix.targets(&Tensor::stack(&targets, 0)?, self.loss.target_rule())?;
+        if let Targets::One(t) = &targets {
+            if mixing && !self.loss.counts_any(t)? {
+                return Ok(None);
+            }
+        }
+        if mixing {
+            let x = mix.images(&Tensor::stack(&pixels, 0)?)?;
+            let inputs = if self.spec == TrainSpec::Head {
+                let feats = (0..x.dim(0)?).map(|b| self.model.features(&x.narrow(0, b, 1)?)).collect::<Result<Vec<_>>>()?;
+                let refs: Vec<&_> = feats.iter().collect();
+                Inputs::Features(Features::stack(&refs)?)
+            } else {
+                Inputs::Pixels(x)
+            };
+            return Ok(Some((inputs, targets, kept)));
+        }
         let inputs = if self.spec == TrainSpec::Head {
             let refs: Vec<&_> = feats.iter().collect();
             Inputs::Features(Features::stack(&refs)?)
         } else {
             Inputs::Pixels(Tensor::stack(&pixels, 0)?)
         };
-        Ok(Some((inputs, Tensor::stack(&targets, 0)?, targets.len())))
+        Ok(Some((inputs, targets, kept)))
     }
 
     /// Warns once about each target found entirely ignored, and refuses a training split left with
@@ -193,7 +222,7 @@ impl Job {
 
     /// A class map may only hold the model's classes and the ignore index.
     fn check_classes(&self, pair: &Pair, target: &Tensor) -> Result<()> {
-        let (Prediction::Classes { classes, .. }, Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. }) = (self.model.prediction(), self.loss) else {
+        let (Prediction::Classes { classes, .. }, Loss::CrossEntropy { ignore, .. } | Loss::Focal { ignore, .. }) = (self.model.prediction(), self.loss) else {
             return Ok(());
         };
         let values = target.flatten_all()?.to_vec1::<f32>()?;
@@ -239,14 +268,14 @@ impl Job {
         let mut result = Ok(());
         for start in (0..n).step_by(self.cfg.batch) {
             let idx: Vec<(bool, usize)> = (start..(start + self.cfg.batch).min(n)).map(|i| (true, i)).collect();
-            let r = self.inputs(&idx, &vec![None; idx.len()]).and_then(|batch| {
-                let Some((x, t, used)) = batch else { return Ok(None) };
+            let r = self.inputs(&idx, &vec![None; idx.len()], Mix::None).and_then(|batch| {
+                let Some((x, t, kept)) = batch else { return Ok(None) };
                 let pred = self.predict(&x)?.detach();
-                if let Some(ignore) = self.loss.ignore_index() {
-                    overlap.add(&pred, &t, ignore)?;
+                if let (Some(ignore), Targets::One(t)) = (self.loss.ignore_index(), &t) {
+                    overlap.add(&pred, t, ignore)?;
                 }
-                let l = self.loss.apply(&pred, &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-                Ok(Some((l, used)))
+                let l = self.loss.apply_targets(&pred, &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                Ok(Some((l, kept.len())))
             });
             match r {
                 Ok(Some((l, used))) => {
@@ -308,6 +337,10 @@ impl Job {
         let fingerprint = self.cfg.fingerprint();
         let (mut step, mut best_val) = (0usize, None::<f64>);
         let mut log = open_in_place(&out, &log_path, InPlace::Append)?;
+        // Hard-example sampling: each training sample's latest loss, and the copy the current
+        // epoch's order was drawn from (both saved in the state).
+        let n_train = self.data.train.len();
+        let mut hard = (self.cfg.hard_examples > 0.0).then(|| HardLosses { latest: vec![UNSEEN; n_train], epoch: vec![UNSEEN; n_train] });
         if std::fs::symlink_metadata(&state_path).is_ok() {
             let (tensors, meta) = load_state(&state_path, &self.device)?;
             meta.check(&state_path, total, &fingerprint)?;
@@ -326,6 +359,9 @@ impl Job {
             if let Some(e) = ema.as_mut() {
                 e.load(&take("ema.")).map_err(in_state)?;
             }
+            if let Some(h) = hard.as_mut() {
+                *h = HardLosses::from_state(&tensors, n_train).map_err(|m| Error::bad_file(&state_path, m))?;
+            }
             step = meta.step;
             best_val = meta.best_val;
             cut_log(&log, &log_path, meta.log_len, note)?;
@@ -342,6 +378,7 @@ impl Job {
             self.cfg.batch,
             self.cfg.accumulate
         ));
+        let mut curve = validation_curve(&mut log, &log_path)?;
         let started = Instant::now();
         let first = step;
         let mut grads = Grads::new(&self.params);
@@ -355,7 +392,10 @@ impl Job {
         };
         while step < total {
             let (epoch, in_epoch) = (step / self.steps_per_epoch(), step % self.steps_per_epoch());
-            let order = SplitMix::keyed(&[self.cfg.seed, epoch as u64]).permutation(self.data.train.len());
+            if let (Some(h), 0) = (hard.as_mut(), in_epoch) {
+                h.epoch.clone_from(&h.latest);
+            }
+            let order = epoch_order(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64]), n_train, hard.as_ref().map(|h| h.epoch.as_slice()), self.cfg.hard_examples);
             let micro_lo = in_epoch * self.cfg.accumulate;
             let micro_hi = (micro_lo + self.cfg.accumulate).min(self.micro_per_epoch());
             let k = micro_hi - micro_lo;
@@ -366,18 +406,30 @@ impl Job {
                     .iter()
                     .map(|&(_, i)| self.cfg.augment.then(|| Augment::draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, i as u64, 1]))))
                     .collect();
-                let batch = crate::profile::tally("step: inputs (decode, features)", || self.inputs(&idx, &augs))?;
+                let (h, w) = self.sample.size;
+                let mix = self.mix.draw(&mut SplitMix::keyed(&[self.cfg.seed, epoch as u64, m as u64, 2]), h, w);
+                let batch = crate::profile::tally("step: inputs (decode, features)", || self.inputs(&idx, &augs, mix))?;
                 self.report_ignored(note)?;
                 // Left out: its contribution to the step is zero (the others stay divided by k).
-                let Some((inputs, target, _)) = batch else { continue };
+                let Some((inputs, target, kept_pos)) = batch else { continue };
+                let per_sample = std::cell::RefCell::new(Vec::new());
                 let value = match (&mut kept, &inputs) {
                     (Some(kept), Inputs::Pixels(pixels)) => {
-                        let loss_fn = |pred: &Tensor| -> Result<Tensor> { Ok((self.loss.apply(pred, &target)? / k as f64)?) };
+                        let loss_fn = |pred: &Tensor| -> Result<Tensor> {
+                            if hard.is_some() {
+                                *per_sample.borrow_mut() = self.loss.per_sample(pred, &target)?;
+                            }
+                            Ok((self.loss.apply_targets(pred, &target)? / k as f64)?)
+                        };
                         let model = self.model.block_walk().ok_or_else(|| Error::Config("activation checkpointing needs a ViT backbone".into()))?;
                         checkpointed_step(model, pixels, self.first_trained_block(), kept, &mut grads, &loss_fn)? * k as f64
                     }
                     _ => {
-                        let loss = crate::profile::tally("step: forward + loss", || self.loss.apply(&self.predict(&inputs)?, &target))?;
+                        let pred = crate::profile::tally("step: forward", || self.predict(&inputs))?;
+                        if hard.is_some() {
+                            *per_sample.borrow_mut() = self.loss.per_sample(&pred, &target)?;
+                        }
+                        let loss = crate::profile::tally("step: loss", || self.loss.apply_targets(&pred, &target))?;
                         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
                         if value.is_finite() {
                             let store = crate::profile::tally("step: backward (every op)", || (loss / k as f64)?.backward())?;
@@ -386,6 +438,13 @@ impl Job {
                         value
                     }
                 };
+                if let Some(h) = hard.as_mut() {
+                    for (&pos, v) in kept_pos.iter().zip(per_sample.into_inner()) {
+                        if let Some(v) = v {
+                            h.latest[idx[pos].1] = v as f32;
+                        }
+                    }
+                }
                 if !value.is_finite() {
                     return Err(Error::Input(format!("the loss is {value} at step {step} (images {}); nothing was saved over the last checkpoint", names(&self.data.train, &idx))));
                 }
@@ -422,7 +481,8 @@ impl Job {
             // null in the log when every micro-batch of the step was left out.
             let loss = (used > 0).then(|| loss_sum / used as f64);
             write_line(&mut log, &log_path, serde_json::json!({"step": step, "lr": lr, "loss": loss, "grad_norm": grad_norm}))?;
-            if step % self.cfg.val_every == 0 || step == total {
+            let epoch_end = self.cfg.val_every_epoch && step % self.steps_per_epoch() == 0;
+            if step % self.cfg.val_every == 0 || step == total || epoch_end {
                 if let Some((v, miou)) = self.validate(ema.as_ref(), note)? {
                     let mut line = serde_json::json!({"step": step, "val_loss": v});
                     let shown = loss.map_or_else(|| "- (every sample ignored)".to_string(), |l| format!("{l:.5}"));
@@ -432,6 +492,7 @@ impl Job {
                         msg.push_str(&format!(", val_miou {m:.4}"));
                     }
                     write_line(&mut log, &log_path, line)?;
+                    curve.push((step, v, miou));
                     note(&msg);
                     if best_val.is_none_or(|b| v < b) {
                         best_val = Some(v);
@@ -446,6 +507,9 @@ impl Job {
                 if let Some(e) = ema.as_ref() {
                     tensors.extend(e.tensors().iter().map(|(n, t)| (format!("ema.{n}"), t.clone())));
                 }
+                if let Some(h) = hard.as_ref() {
+                    tensors.extend(h.tensors()?);
+                }
                 let log_len = log.metadata().map_err(|e| Error::io(&log_path, e))?.len();
                 let meta = StateMeta { step, adam_steps: adam.step_count(), best_val, log_len, fingerprint: fingerprint.clone() };
                 save_state(&state_path, &tensors, &meta)?;
@@ -459,8 +523,68 @@ impl Job {
             // No validation split: the last weights are the best known.
             save_model_dir(&self.store, &self.output_weights(ema.as_ref()), &self.extra(), &out.join("best"))?;
         }
+        for line in curve_tail(&curve, CURVE_TAIL) {
+            note(&line);
+        }
         Ok(Summary { total_steps: total, steps_taken: step - first, trainable, best_val, seconds: started.elapsed().as_secs_f64() })
     }
+}
+
+/// Validation points printed at the end of a run.
+const CURVE_TAIL: usize = 5;
+
+/// Hard-example sampling's per-sample training losses ([`UNSEEN`] where not known yet).
+struct HardLosses {
+    /// Each sample's latest loss.
+    latest: Vec<f32>,
+    /// The losses the current epoch's order was drawn from.
+    epoch: Vec<f32>,
+}
+
+impl HardLosses {
+    /// The state's `hard.latest` and `hard.epoch` (each `[n]`, values ≥ 0 or −1).
+    fn from_state(tensors: &HashMap<String, Tensor>, n: usize) -> std::result::Result<Self, String> {
+        let take = |name: &str| -> std::result::Result<Vec<f32>, String> {
+            let t = tensors.get(name).ok_or_else(|| format!("no `{name}`: saved without hard_examples or altered; delete it to start over"))?;
+            let v = t.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| e.to_string())?;
+            if v.len() != n || v.iter().any(|&l| l != UNSEEN && l < 0.0) {
+                return Err(format!("`{name}` does not hold {n} per-sample losses (≥ 0, or −1 for unseen): altered; delete it to start over"));
+            }
+            Ok(v)
+        };
+        Ok(HardLosses { latest: take("hard.latest")?, epoch: take("hard.epoch")? })
+    }
+
+    /// The state's tensors.
+    fn tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let t = |v: &[f32]| Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu);
+        Ok(vec![("hard.latest".into(), t(&self.latest)?), ("hard.epoch".into(), t(&self.epoch)?)])
+    }
+}
+
+/// The validation points (step, loss, mIoU) already in `log.jsonl` (a resumed run's earlier ones).
+fn validation_curve(log: &mut std::fs::File, path: &Path) -> Result<Vec<(usize, f64, Option<f64>)>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut bytes = Vec::new();
+    log.seek(SeekFrom::Start(0)).and_then(|_| log.read_to_end(&mut bytes)).map_err(|e| Error::io(path, e))?;
+    Ok(String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_u64()? as usize, v["val_loss"].as_f64()?, v["val_miou"].as_f64())))
+        .collect())
+}
+
+/// The last `n` points of the validation curve, one line each.
+fn curve_tail(curve: &[(usize, f64, Option<f64>)], n: usize) -> Vec<String> {
+    if curve.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec![format!("validation curve (last {} of {} points):", n.min(curve.len()), curve.len())];
+    for &(step, v, miou) in &curve[curve.len().saturating_sub(n)..] {
+        let m = miou.map(|m| format!("  val_miou {m:.4}")).unwrap_or_default();
+        lines.push(format!("  step {step:>6}  val_loss {v:.5}{m}"));
+    }
+    lines
 }
 
 /// Test hook: with `EDGERUN_INJECT_NAN_AT_STEP=N`, optimiser step N turns the first trained tensor

@@ -77,6 +77,13 @@ pub(crate) fn log_softmax_classes(logits: &Tensor) -> Result<Tensor> {
 
 /// Per-pixel log-probability of the target class and the 0/1 mask of counted pixels.
 fn target_log_prob(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Result<(Tensor, Tensor, f64)> {
+    let (_, logp, mask, n) = class_log_probs(logits, target, ignore_index)?;
+    Ok((logp, mask, n))
+}
+
+/// The log-probabilities of every class `[B, C, H, W]`, of the target class `[B, H, W]`, the 0/1
+/// mask of counted pixels and their count.
+fn class_log_probs(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Result<(Tensor, Tensor, Tensor, f64)> {
     let (b, c, h, w) = logits.dims4()?;
     if target.dims() != [b, h, w] {
         return Err(Error::Input(format!("class targets {:?} do not match logits {:?}", target.dims(), logits.dims())));
@@ -88,13 +95,14 @@ fn target_log_prob(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Resul
         return Err(Error::Input(format!("{out_of_range} target pixels name a class ≥ {c} (and are not the ignore index {ignore_index})")));
     }
     let idx = keep.where_cond(&t, &t.zeros_like()?)?.unsqueeze(1)?.contiguous()?;
-    let logp = log_softmax_classes(logits)?.gather(&idx, 1)?.squeeze(1)?;
+    let all = log_softmax_classes(logits)?;
+    let logp = all.gather(&idx, 1)?.squeeze(1)?;
     let mask = keep.to_dtype(logits.dtype())?;
     let n = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
     if n == 0.0 {
         return Err(Error::Input(format!("every target pixel of the batch is the ignore index {ignore_index}")));
     }
-    Ok((logp, mask, n))
+    Ok((all, logp, mask, n))
 }
 
 /// Cross-entropy of `logits` `[B, C, H, W]` against class ids `[B, H, W]`, mean over pixels that
@@ -102,6 +110,28 @@ fn target_log_prob(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Resul
 pub fn cross_entropy(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Result<Tensor> {
     let (logp, mask, n) = target_log_prob(logits, target, ignore_index)?;
     Ok((logp * mask)?.sum_all()?.affine(-1.0 / n, 0.0)?)
+}
+
+/// Cross-entropy with label smoothing ε, as `F.cross_entropy(logits, target, ignore_index=…,
+/// label_smoothing=ε)` defines it: `(1 − ε) · NLL + ε · mean over classes of −log p_c`, both terms summed
+/// over the pixels that are not `ignore_index` and divided by their count. ε = 0 is [`cross_entropy`].
+pub fn cross_entropy_smoothed(logits: &Tensor, target: &Tensor, ignore_index: u32, smoothing: f64) -> Result<Tensor> {
+    if smoothing == 0.0 {
+        return cross_entropy(logits, target, ignore_index);
+    }
+    let (all, logp, mask, n) = class_log_probs(logits, target, ignore_index)?;
+    let classes = all.dim(1)? as f64;
+    let nll = (logp * &mask)?.sum_all()?.affine(-1.0 / n, 0.0)?;
+    let smooth = (all.sum(1)? * &mask)?.sum_all()?.affine(-1.0 / (n * classes), 0.0)?;
+    Ok((nll.affine(1.0 - smoothing, 0.0)? + smooth.affine(smoothing, 0.0)?)?)
+}
+
+/// MixUp's loss on class maps: `λ · CE(logits, a) + (1 − λ) · CE(logits, b)`, each term the
+/// label-smoothed cross-entropy of [`cross_entropy_smoothed`].
+pub fn cross_entropy_pair(logits: &Tensor, a: &Tensor, b: &Tensor, lam: f64, ignore_index: u32, smoothing: f64) -> Result<Tensor> {
+    let la = cross_entropy_smoothed(logits, a, ignore_index, smoothing)?;
+    let lb = cross_entropy_smoothed(logits, b, ignore_index, smoothing)?;
+    Ok((la.affine(lam, 0.0)? + lb.affine(1.0 - lam, 0.0)?)?)
 }
 
 /// Multi-class focal loss `−(1 − p_t)^γ · log p_t` (Lin et al.; torchvision's `sigmoid_focal_loss`

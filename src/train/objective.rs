@@ -4,6 +4,7 @@ use candle_core::{DType, Tensor};
 
 use super::data::TargetKind;
 use super::losses;
+use super::mix::{TargetRule, Targets};
 use crate::error::Result;
 use crate::models::training::Prediction;
 use crate::models::FAMILIES;
@@ -58,6 +59,8 @@ pub(crate) enum Loss {
     CrossEntropy {
         /// The ignore index.
         ignore: u32,
+        /// Label smoothing ε (0 = none).
+        smoothing: f64,
     },
     /// Focal loss.
     Focal {
@@ -70,8 +73,9 @@ pub(crate) enum Loss {
 
 impl Loss {
     /// The loss `name` names (None: the default for what the model predicts) with its settings;
-    /// `ignore_index` overrides the checkpoint's ignore index.
-    pub(crate) fn choose(name: Option<&str>, prediction: Prediction, ignore_index: Option<u32>, focal_gamma: f64) -> Loss {
+    /// `ignore_index` overrides the checkpoint's ignore index; `smoothing` is cross-entropy's label
+    /// smoothing (the configuration refuses it with any other loss).
+    pub(crate) fn choose(name: Option<&str>, prediction: Prediction, ignore_index: Option<u32>, focal_gamma: f64, smoothing: f64) -> Loss {
         let ignore = ignore_index.unwrap_or(match prediction {
             Prediction::Classes { ignore, .. } => ignore,
             _ => 255,
@@ -81,7 +85,7 @@ impl Loss {
             (_, Some("ssi")) => Loss::Ssi,
             (_, Some("silog")) => Loss::Silog,
             (_, Some("focal")) => Loss::Focal { gamma: focal_gamma, ignore },
-            (Prediction::Classes { .. }, _) => Loss::CrossEntropy { ignore },
+            (Prediction::Classes { .. }, _) => Loss::CrossEntropy { ignore, smoothing },
             (Prediction::Relative, None) => Loss::Ssi,
             _ => Loss::Silog,
         }
@@ -90,7 +94,7 @@ impl Loss {
     /// The ignore index of a segmentation loss.
     pub(crate) fn ignore_index(self) -> Option<u32> {
         match self {
-            Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => Some(ignore),
+            Loss::CrossEntropy { ignore, .. } | Loss::Focal { ignore, .. } => Some(ignore),
             _ => None,
         }
     }
@@ -100,7 +104,7 @@ impl Loss {
     pub(crate) fn counts_any(self, target: &Tensor) -> Result<bool> {
         let t = target.to_dtype(DType::F64)?;
         let keep = match self {
-            Loss::CrossEntropy { ignore } | Loss::Focal { ignore, .. } => t.ne(ignore as f64)?,
+            Loss::CrossEntropy { ignore, .. } | Loss::Focal { ignore, .. } => t.ne(ignore as f64)?,
             Loss::Silog => t.abs()?.le(f64::MAX)?.mul(&t.gt(0.0)?)?,
             _ => t.abs()?.le(f64::MAX)?,
         };
@@ -113,7 +117,7 @@ impl Loss {
     pub(crate) fn apply(self, pred: &Tensor, target: &Tensor) -> Result<Tensor> {
         let (th, tw) = (target.dim(1)?, target.dim(2)?);
         match self {
-            Loss::CrossEntropy { ignore } => losses::cross_entropy(&to_size(pred, th, tw)?, target, ignore),
+            Loss::CrossEntropy { ignore, smoothing } => losses::cross_entropy_smoothed(&to_size(pred, th, tw)?, target, ignore, smoothing),
             Loss::Focal { gamma, ignore } => losses::focal(&to_size(pred, th, tw)?, target, gamma, ignore),
             regression => {
                 let pred = if pred.dims()[1..] == [th, tw] { pred.clone() } else { to_size(&pred.unsqueeze(1)?, th, tw)?.squeeze(1)? };
@@ -124,6 +128,47 @@ impl Loss {
                 }
             }
         }
+    }
+}
+
+impl Loss {
+    /// Which target pixels count, for mixing targets.
+    pub(crate) fn target_rule(self) -> TargetRule {
+        match self {
+            Loss::CrossEntropy { .. } | Loss::Focal { .. } => TargetRule::Classes,
+            Loss::Silog => TargetRule::Values { positive: true },
+            _ => TargetRule::Values { positive: false },
+        }
+    }
+
+    /// The loss of `pred` against mixed or plain targets: MixUp on class maps mixes the two losses,
+    /// `λ · loss(pred, a) + (1 − λ) · loss(pred, b)`.
+    pub(crate) fn apply_targets(self, pred: &Tensor, targets: &Targets) -> Result<Tensor> {
+        match (self, targets) {
+            (_, Targets::One(t)) => self.apply(pred, t),
+            (Loss::CrossEntropy { ignore, smoothing }, Targets::Two { a, b, lam }) => {
+                let (th, tw) = (a.dim(1)?, a.dim(2)?);
+                losses::cross_entropy_pair(&to_size(pred, th, tw)?, a, b, *lam, ignore, smoothing)
+            }
+            (_, Targets::Two { a, b, lam }) => Ok((self.apply(pred, a)?.affine(*lam, 0.0)? + self.apply(pred, b)?.affine(1.0 - lam, 0.0)?)?),
+        }
+    }
+
+    /// Each sample's loss (for hard-example sampling), from a detached prediction; None for a sample
+    /// with no counted pixel.
+    pub(crate) fn per_sample(self, pred: &Tensor, targets: &Targets) -> Result<Vec<Option<f64>>> {
+        let pred = pred.detach();
+        let mut out = Vec::with_capacity(pred.dim(0)?);
+        for i in 0..pred.dim(0)? {
+            let t = targets.sample(i)?;
+            let counted = match &t {
+                Targets::One(t) => self.counts_any(t)?,
+                Targets::Two { a, b, .. } => self.counts_any(a)? && self.counts_any(b)?,
+            };
+            let v = if counted { Some(self.apply_targets(&pred.narrow(0, i, 1)?, &t)?.to_dtype(DType::F64)?.to_scalar::<f64>()?) } else { None };
+            out.push(v.filter(|v| v.is_finite()));
+        }
+        Ok(out)
     }
 }
 

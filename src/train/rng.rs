@@ -41,6 +41,40 @@ impl SplitMix {
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
+    /// Uniform integer in `0..n` (`n` ≥ 1; numpy's `randint(0, n)` range).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// The logarithm of a Gamma(`shape`, 1) draw (Marsaglia–Tsang; shapes below 1 boosted by
+    /// `U^(1/shape)`, kept in the log domain so that tiny shapes do not underflow).
+    pub(crate) fn ln_gamma_draw(&mut self, shape: f64) -> f64 {
+        if shape < 1.0 {
+            let u = self.uniform(f64::MIN_POSITIVE, 1.0);
+            return self.ln_gamma_draw(shape + 1.0) + u.ln() / shape;
+        }
+        let d = shape - 1.0 / 3.0;
+        let c = 1.0 / (9.0 * d).sqrt();
+        loop {
+            let x = self.normal();
+            let v = (1.0 + c * x).powi(3);
+            if v <= 0.0 {
+                continue;
+            }
+            let u = self.uniform(f64::MIN_POSITIVE, 1.0);
+            if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+                return (d * v).ln();
+            }
+        }
+    }
+
+    /// A Beta(`a`, `b`) draw (`a`, `b` > 0), as the ratio of two Gamma draws.
+    pub(crate) fn beta(&mut self, a: f64, b: f64) -> f64 {
+        let (x, y) = (self.ln_gamma_draw(a), self.ln_gamma_draw(b));
+        // x / (x + y) = 1 / (1 + e^(ln y − ln x)).
+        1.0 / (1.0 + (y - x).exp())
+    }
+
     /// A permutation of `0..n` (Fisher–Yates).
     pub(crate) fn permutation(&mut self, n: usize) -> Vec<usize> {
         let mut p: Vec<usize> = (0..n).collect();
