@@ -2,7 +2,7 @@
 //! rewritten in place (never through a link, never outside their root), atomic file writes (temp
 //! file in the target's directory, fsync, rename, fsync the directory), whole-directory swaps that
 //! never replace an input, and output-directory locks. Nothing leaves a temp file or folder behind.
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -16,7 +16,9 @@ static INPUTS: Mutex<Option<Inputs>> = Mutex::new(None);
 
 #[derive(Default)]
 struct Inputs {
-    ids: HashSet<FileId>,
+    /// Each input's identity and the path it was registered by (an identity counts only while that
+    /// path still names it: a deleted input's inode may be reused by a new file).
+    ids: HashMap<FileId, PathBuf>,
     paths: Vec<PathBuf>,
 }
 
@@ -216,14 +218,17 @@ pub fn register_input(path: &Path) {
     let canon = path.canonicalize().ok();
     if let Ok(mut g) = INPUTS.lock() {
         let inputs = g.get_or_insert_with(Inputs::default);
-        inputs.ids.extend(id);
+        if let Some(id) = id {
+            inputs.ids.insert(id, path.to_path_buf());
+        }
         inputs.paths.extend(canon);
     }
 }
 
 fn is_registered_input(path: &Path) -> bool {
     let Some(id) = file_id(path) else { return false };
-    INPUTS.lock().map(|g| g.as_ref().is_some_and(|s| s.ids.contains(&id))).unwrap_or(false)
+    let registered = INPUTS.lock().ok().and_then(|g| g.as_ref()?.ids.get(&id).cloned());
+    registered.is_some_and(|p| file_id(&p).as_ref() == Some(&id))
 }
 
 /// A registered input at or under `dir`, if any.
