@@ -37,18 +37,24 @@ pub(crate) fn mixlog_heights(x: &Tensor, bins: &[f32], c: &MixLog) -> Result<Opt
     if n != bins.len() {
         return Ok(None);
     }
-    let hw = h * w;
-    let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
-    let out = crate::kernels::cpu_slice::with_contiguous(x, |xs: &[f32]| {
-        if n == 0 {
-            return vec![0f32; b * hw];
-        }
-        by_bands(b, hw, |item, p0, o| pixels(&xs[item * n * hw..][..n * hw], hw, p0, o, &bins, c))
-    })?;
+    let out = crate::kernels::cpu_slice::with_contiguous(x, |xs: &[f32]| mixlog_forward(xs, (b, n, h * w), bins, c))?.flatten();
     Ok(match out {
         Some(out) => Some(Tensor::from_vec(out, (b, h, w), x.device())?),
         None => None,
     })
+}
+
+/// [`mixlog_heights`] of f32 logits `xs` (`b` items of `n` planes of `hw` pixels): `b · hw` heights;
+/// `None` when a length disagrees.
+pub(crate) fn mixlog_forward(xs: &[f32], (b, n, hw): (usize, usize, usize), bins: &[f32], c: &MixLog) -> Option<Vec<f32>> {
+    if xs.len() != b * n * hw || bins.len() != n {
+        return None;
+    }
+    if n == 0 {
+        return Some(vec![0f32; b * hw]);
+    }
+    let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
+    Some(by_bands(b, hw, |item, p0, o| pixels(&xs[item * n * hw..][..n * hw], hw, p0, o, &bins, c)))
 }
 
 /// Whether `t` is an f32 CPU tensor that records no gradient: what the fused passes take.
@@ -167,6 +173,54 @@ fn pixels(x: &[f32], hw: usize, p0: usize, out: &mut [f32], bins: &[f32], c: &Mi
     }
 }
 
+/// The input gradient `[B, n, H, W]` of [`mixlog_heights`] at f32 logits `xs` (`b` items of `n`
+/// planes of `hw` pixels) from the heights' gradient `gy` `[B, H, W]`. Per pixel, with
+/// `y'ᵢ = relu(xᵢ) + shift` (the shift is `eps_shift`: `relu` makes the minimum ≥ 0), `d = Σ y'`
+/// and `s = Σ (y'ᵢ / d) · binᵢ`: `∂out/∂xⱼ = scale · [s > eps] · [xⱼ > 0] · (binⱼ − s·[d free]) / d`,
+/// where `d` is free unless clamped to `eps` or replaced by 1 (not finite). `None` when a length
+/// disagrees.
+pub(crate) fn mixlog_backward(xs: &[f32], gy: &[f32], (b, n, hw): (usize, usize, usize), bins: &[f32], c: &MixLog) -> Option<Vec<f32>> {
+    if xs.len() != b * n * hw || gy.len() != b * hw || bins.len() != n || n == 0 {
+        return None;
+    }
+    let bins: Vec<f32> = bins.iter().map(|v| v.max(c.eps)).collect();
+    let mut dx = vec![0f32; xs.len()];
+    let out = crate::kernels::cpu_slice::SharedOut(dx.as_mut_ptr());
+    let tasks: Vec<(usize, usize)> = (0..b).flat_map(|item| (0..hw).step_by(PIXELS).map(move |p0| (item, p0))).collect();
+    tasks.into_par_iter().for_each(|(item, p0)| {
+        let len = PIXELS.min(hw - p0);
+        let x = &xs[item * n * hw..][..n * hw];
+        let plane = |bin: usize| &x[bin * hw + p0..][..len];
+        let shift = c.eps_shift;
+        let (mut denom, mut inner) = ([0f32; PIXELS], [0f32; PIXELS]);
+        for bin in 0..n {
+            for (d, &v) in denom[..len].iter_mut().zip(plane(bin)) {
+                *d += v.max(0.0) + shift;
+            }
+        }
+        let mut free = [true; PIXELS];
+        for (d, f) in denom[..len].iter_mut().zip(free.iter_mut()) {
+            (*d, *f) = if d.abs() < f32::INFINITY { if *d < c.eps { (c.eps, false) } else { (*d, true) } } else { (1.0, false) };
+        }
+        for (bin, &value) in bins.iter().enumerate() {
+            for ((s, &d), &v) in inner[..len].iter_mut().zip(&denom[..len]).zip(plane(bin)) {
+                *s += (v.max(0.0) + shift) / d * value;
+            }
+        }
+        for (bin, &value) in bins.iter().enumerate() {
+            // SAFETY: this task alone writes pixels p0 .. p0 + len of every plane of its item.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.at((item * n + bin) * hw + p0), len) };
+            for (j, (d, &v)) in dst.iter_mut().zip(plane(bin)).enumerate() {
+                let g = gy[item * hw + p0 + j] * c.scale;
+                let open = inner[j] > c.eps && v > 0.0;
+                let centre = if free[j] { inner[j] } else { 0.0 };
+                *d = if open { g * (value - centre) / denom[j] } else { 0.0 };
+            }
+        }
+    });
+    Some(dx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,5 +265,35 @@ mod tests {
         assert!(declined(&hidden, &Tensor::zeros((n, k, 3, 3), DType::F32, &dev).unwrap(), &bins));
         assert!(declined(&hidden, &Tensor::zeros((n, k + 1, 1, 1), DType::F32, &dev).unwrap(), &bins));
         assert!(declined(&hidden.to_dtype(DType::F64).unwrap(), &weight, &bins));
+    }
+
+    /// The backward against central differences of the f64 formula (the reference's, per pixel),
+    /// over two items of a band and a half each.
+    #[test]
+    fn the_backward_matches_finite_differences_in_f64() {
+        let (b, n, hw) = (2, 5, PIXELS + 37);
+        let xs: Vec<f32> = crate::kernels::test_values::spread(b * n * hw, 1, &Device::Cpu).to_vec1().unwrap();
+        let gy: Vec<f32> = crate::kernels::test_values::spread(b * hw, 2, &Device::Cpu).to_vec1().unwrap();
+        let bins: Vec<f32> = (0..n).map(|i| 0.5 + 3.0 * i as f32).collect();
+        let c = MixLog { max_clamp: 1e-4, eps_shift: 1e-8, eps: 1e-12, scale: 8.0 };
+        let height = |x: &[f64]| -> f64 {
+            let y: Vec<f64> = x.iter().map(|v| v.max(0.0) + c.eps_shift as f64).collect();
+            let d = y.iter().sum::<f64>().max(c.eps as f64);
+            (y.iter().zip(&bins).map(|(y, &bin)| y / d * bin as f64).sum::<f64>()).max(c.eps as f64) * c.scale as f64
+        };
+        let dx = mixlog_backward(&xs, &gy, (b, n, hw), &bins, &c).unwrap();
+        for item in 0..b {
+            for p in (0..hw).step_by(29) {
+                let x: Vec<f64> = (0..n).map(|i| xs[(item * n + i) * hw + p] as f64).collect();
+                for i in 0..n {
+                    let (mut up, mut down) = (x.clone(), x.clone());
+                    up[i] += 1e-6;
+                    down[i] -= 1e-6;
+                    let want = (height(&up) - height(&down)) / 2e-6 * gy[item * hw + p] as f64;
+                    let got = dx[(item * n + i) * hw + p] as f64;
+                    assert!((got - want).abs() <= 1e-4 * want.abs().max(1.0), "item {item} pixel {p} bin {i}: {got} vs {want}");
+                }
+            }
+        }
     }
 }

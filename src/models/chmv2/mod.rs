@@ -234,6 +234,9 @@ impl FeaturesToDepth {
         if n == 1 {
             return Ok((x.relu()? + self.min_depth)?.squeeze(1)?);
         }
+        if self.norm == NormStrategy::MixLog && x.track_op() && x.device().is_cpu() && dt == DType::F32 {
+            return Ok(x.contiguous()?.apply_op1_arc(std::sync::Arc::new(Box::new(TrainMixLog { bins: self.bins(n) })))?);
+        }
         if self.norm == NormStrategy::MixLog {
             if let Some(heights) = mixlog_heights(&x, &self.bins(n), &MIXLOG)? {
                 return Ok(heights);
@@ -271,6 +274,37 @@ impl FeaturesToDepth {
             }
         };
         Ok(out.squeeze(1)?)
+    }
+}
+
+/// The mixlog heights of f32 CPU training as one op: the inference pass forward, a one-pass
+/// backward ([`crate::kernels::mixlog::mixlog_backward`]) instead of a dozen ops over the
+/// `[B, bins, H, W]` logits.
+struct TrainMixLog {
+    bins: Vec<f32>,
+}
+
+impl candle_core::CustomOp1 for TrainMixLog {
+    fn name(&self) -> &'static str {
+        "train-mixlog-heights"
+    }
+
+    fn cpu_fwd(&self, s: &candle_core::CpuStorage, l: &candle_core::Layout) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        let (b, n, h, w) = l.shape().dims4()?;
+        let xs = crate::kernels::cpu_slice::contiguous_f32(s, l)?;
+        match crate::profile::tally("mixlog forward", || crate::kernels::mixlog::mixlog_forward(xs, (b, n, h * w), &self.bins, &MIXLOG)) {
+            Some(y) => Ok((candle_core::CpuStorage::F32(y), candle_core::Shape::from((b, h, w)))),
+            None => candle_core::bail!("mixlog: logits {:?} do not match {} bins", l.dims(), self.bins.len()),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, _y: &Tensor, gy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let (b, n, h, w) = x.dims4()?;
+        let dx = crate::kernels::cpu_slice::with_f32_pair(x, &gy.to_dtype(DType::F32)?, |xs, dy| {
+            crate::profile::tally("mixlog backward", || crate::kernels::mixlog::mixlog_backward(xs, dy, (b, n, h * w), &self.bins, &MIXLOG))
+                .ok_or_else(|| candle_core::Error::Msg(format!("mixlog backward: logits {:?} do not match {} bins", x.dims(), self.bins.len())))
+        })?;
+        Tensor::from_vec(dx, x.shape(), x.device()).map(Some)
     }
 }
 
