@@ -146,6 +146,16 @@ simd_fn! {
 }
 
 simd_fn! {
+    /// `dst[j] = k · g1[j] − exp(x[j] − lse[j]) · both[j]` (the softmax part of the cross-entropy
+    /// terms' input gradient; `x ≤ lse`), on this thread.
+    pub(crate) fn softmax_mix_row<FUSED>(x: &[f32], lse: &[f32], both: &[f32], g1: &[f32], k: f32, dst: &mut [f32]) -> () {
+        for ((((d, &v), &l), &b), &g) in dst.iter_mut().zip(x).zip(lse).zip(both).zip(g1) {
+            *d = madd::<FUSED>(-exp_nonpositive::<FUSED>(v - l), b, k * g);
+        }
+    }
+}
+
+simd_fn! {
     /// `dst[j] = g[j] − exp(logp[j]) · total[j]` (a log-softmax's input gradient) for `logp[j] ≤ 0`,
     /// on this thread.
     pub(crate) fn log_softmax_grad_row<FUSED>(g: &[f32], logp: &[f32], total: &[f32], dst: &mut [f32]) -> () {

@@ -107,6 +107,56 @@ pub fn log_softmax_channels(x: &Tensor) -> Result<Tensor> {
     shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)
 }
 
+/// Per pixel of `[B, C, H, W]` scores, the log-probability of class `target` (`[B, H, W]`, u32, each
+/// `< C`) and the mean log-probability over the classes, each `[B, H, W]`: the cross-entropy's and the
+/// label smoothing's terms. On f32 CPU tensors one op whose backward recomputes the probabilities
+/// (no `[B, C, H, W]` log-probabilities kept, no scattered gradient of that size); Candle's formula
+/// otherwise.
+pub fn class_log_probs(x: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (b, c, h, w) = x.dims4()?;
+    if target.dims() != [b, h, w] {
+        candle_core::bail!("class targets {:?} do not match scores {:?}", target.dims(), x.dims());
+    }
+    let target = target.to_dtype(DType::U32)?.contiguous()?;
+    if x.device().is_cpu() && x.dtype() == DType::F32 && x.elem_count() > 0 {
+        let both = x.contiguous()?.apply_op2_arc(&target, std::sync::Arc::new(Box::new(ClassLogProbs { classes: c })))?;
+        return Ok((both.narrow(1, 0, 1)?.squeeze(1)?, both.narrow(1, 1, 1)?.squeeze(1)?));
+    }
+    let all = log_softmax_channels(x)?;
+    Ok((all.gather(&target.unsqueeze(1)?, 1)?.squeeze(1)?, all.mean(1)?))
+}
+
+/// [`class_log_probs`] as one op: `(scores, target)` → `[B, 2, H, W]`.
+struct ClassLogProbs {
+    classes: usize,
+}
+
+impl candle_core::CustomOp2 for ClassLogProbs {
+    fn name(&self) -> &'static str {
+        "class-log-probs"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (b, c, h, w) = l1.shape().dims4()?;
+        let Some((t0, t1)) = l2.contiguous_offsets() else { candle_core::bail!("class targets must be contiguous") };
+        let (x, target) = (contiguous_f32(s1, l1)?, &s2.as_slice::<u32>()?[t0..t1]);
+        match crate::profile::tally("class log-probs forward", || crate::kernels::log_softmax::target_and_mean(x, target, c, h * w)) {
+            Some(y) => Ok((CpuStorage::F32(y), Shape::from((b, 2, h, w)))),
+            None => candle_core::bail!("class log-probs: scores {:?} and targets {:?} disagree, or a target is ≥ {}", l1.dims(), l2.dims(), self.classes),
+        }
+    }
+
+    fn bwd(&self, x: &Tensor, target: &Tensor, _y: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (_, c, h, w) = x.dims4()?;
+        let t = target.flatten_all()?.to_vec1::<u32>()?;
+        let dx = with_f32_pair(x, &g.to_dtype(DType::F32)?, |xs, dy| {
+            crate::profile::tally("class log-probs backward", || crate::kernels::log_softmax::target_and_mean_backward(xs, &t, dy, c, h * w))
+                .ok_or_else(|| candle_core::Error::Msg(format!("class log-probs backward: scores {:?} and targets disagree", x.dims())))
+        })?;
+        Ok((Some(Tensor::from_vec(dx, x.shape(), x.device())?), None))
+    }
+}
+
 /// [`log_softmax_channels`] as one op.
 struct LogSoftmaxChannels;
 
@@ -247,6 +297,31 @@ mod tests {
             shifted.broadcast_sub(&shifted.exp()?.sum_keepdim(1)?.log()?)
         });
         assert!(max_abs(&(y - y64).unwrap()) < 1e-5);
+        assert!(max_abs(&(&g - &g64).unwrap()) <= 1e-5 * max_abs(&g64).max(1.0));
+    }
+
+    /// The fused per-pixel log-probabilities and the log-softmax formula in f64: both outputs and the
+    /// gradient through a weighted sum of them.
+    #[test]
+    fn class_log_probs_equal_the_formula_with_their_gradient() {
+        let dev = Device::Cpu;
+        let x = spread((2, 5, 3, 4), 1, &dev);
+        let target = Tensor::from_vec((0..24u32).map(|i| i * 3 % 5).collect::<Vec<_>>(), (2, 3, 4), &dev).unwrap();
+        let (ga, gb) = (spread((2, 3, 4), 2, &dev), spread((2, 3, 4), 3, &dev));
+        let run = |dt: DType, fused: bool| {
+            let v = Var::from_tensor(&x.to_dtype(dt).unwrap()).unwrap();
+            let (a, b) = if fused {
+                class_log_probs(v.as_tensor(), &target).unwrap()
+            } else {
+                let all = log_softmax_channels(v.as_tensor()).unwrap();
+                (all.gather(&target.unsqueeze(1).unwrap(), 1).unwrap().squeeze(1).unwrap(), all.mean(1).unwrap())
+            };
+            let loss = ((&a * ga.to_dtype(dt).unwrap()).unwrap().sum_all().unwrap() + (&b * gb.to_dtype(dt).unwrap()).unwrap().sum_all().unwrap()).unwrap();
+            let g = loss.backward().unwrap().get(v.as_tensor()).unwrap().to_dtype(DType::F64).unwrap();
+            (a.to_dtype(DType::F64).unwrap(), b.to_dtype(DType::F64).unwrap(), g)
+        };
+        let ((a, b, g), (a64, b64, g64)) = (run(DType::F32, true), run(DType::F64, false));
+        assert!(max_abs(&(a - a64).unwrap()) < 1e-5 && max_abs(&(b - b64).unwrap()) < 1e-5);
         assert!(max_abs(&(&g - &g64).unwrap()) <= 1e-5 * max_abs(&g64).max(1.0));
     }
 }

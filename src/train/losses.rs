@@ -70,19 +70,14 @@ pub fn ssi(pred: &Tensor, target: &Tensor) -> Result<Tensor> {
     Ok(((aligned - t)?.abs()? * mask)?.sum_all()?.affine(1.0 / n, 0.0)?)
 }
 
-/// `log_softmax` over dimension 1 (classes), from differentiable ops.
-pub(crate) fn log_softmax_classes(logits: &Tensor) -> Result<Tensor> {
-    Ok(crate::nn::grad::log_softmax_channels(logits)?)
-}
-
 /// Per-pixel log-probability of the target class and the 0/1 mask of counted pixels.
 fn target_log_prob(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Result<(Tensor, Tensor, f64)> {
     let (_, logp, mask, n) = class_log_probs(logits, target, ignore_index)?;
     Ok((logp, mask, n))
 }
 
-/// The log-probabilities of every class `[B, C, H, W]`, of the target class `[B, H, W]`, the 0/1
-/// mask of counted pixels and their count.
+/// The mean log-probability over the classes `[B, H, W]`, the log-probability of the target class
+/// `[B, H, W]`, the 0/1 mask of counted pixels and their count.
 fn class_log_probs(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Result<(Tensor, Tensor, Tensor, f64)> {
     let (b, c, h, w) = logits.dims4()?;
     if target.dims() != [b, h, w] {
@@ -94,15 +89,14 @@ fn class_log_probs(logits: &Tensor, target: &Tensor, ignore_index: u32) -> Resul
     if out_of_range > 0.0 {
         return Err(Error::Input(format!("{out_of_range} target pixels name a class ≥ {c} (and are not the ignore index {ignore_index})")));
     }
-    let idx = keep.where_cond(&t, &t.zeros_like()?)?.unsqueeze(1)?.contiguous()?;
-    let all = log_softmax_classes(logits)?;
-    let logp = all.gather(&idx, 1)?.squeeze(1)?;
+    let idx = keep.where_cond(&t, &t.zeros_like()?)?;
+    let (logp, mean) = crate::nn::grad::class_log_probs(logits, &idx)?;
     let mask = keep.to_dtype(logits.dtype())?;
     let n = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
     if n == 0.0 {
         return Err(Error::Input(format!("every target pixel of the batch is the ignore index {ignore_index}")));
     }
-    Ok((all, logp, mask, n))
+    Ok((mean, logp, mask, n))
 }
 
 /// Cross-entropy of `logits` `[B, C, H, W]` against class ids `[B, H, W]`, mean over pixels that
@@ -119,10 +113,9 @@ pub fn cross_entropy_smoothed(logits: &Tensor, target: &Tensor, ignore_index: u3
     if smoothing == 0.0 {
         return cross_entropy(logits, target, ignore_index);
     }
-    let (all, logp, mask, n) = class_log_probs(logits, target, ignore_index)?;
-    let classes = all.dim(1)? as f64;
+    let (mean, logp, mask, n) = class_log_probs(logits, target, ignore_index)?;
     let nll = (logp * &mask)?.sum_all()?.affine(-1.0 / n, 0.0)?;
-    let smooth = (all.sum(1)? * &mask)?.sum_all()?.affine(-1.0 / (n * classes), 0.0)?;
+    let smooth = (mean * &mask)?.sum_all()?.affine(-1.0 / n, 0.0)?;
     Ok((nll.affine(1.0 - smoothing, 0.0)? + smooth.affine(smoothing, 0.0)?)?)
 }
 
