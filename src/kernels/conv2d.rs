@@ -234,8 +234,7 @@ pub(crate) fn stripe_conv(g: &Dense, xs: &[f32], weight: &[f32], bias: Option<&[
         if stripes >= 2 * threads {
             (0..stripes).into_par_iter().for_each(|si| run(si, gemm::Parallelism::None));
         } else {
-            let par = if threads > 1 { gemm::Parallelism::Rayon(threads) } else { gemm::Parallelism::None };
-            (0..stripes).for_each(|si| run(si, par));
+            (0..stripes).for_each(|si| run(si, super::gemm::pool_parallelism()));
         }
     }
     out

@@ -105,7 +105,7 @@ fn columns_to_image(g: &Dense, ws: &[f32], gy: &[f32]) -> Vec<f32> {
     let k = g.taps();
     let rows = g.stripe_rows((oh, ow));
     let mut gx = vec![0f32; b * c * h * w];
-    let par = if b < rayon::current_num_threads() { gemm::Parallelism::Rayon(rayon::current_num_threads()) } else { gemm::Parallelism::None };
+    let par = if b < rayon::current_num_threads() { super::gemm::pool_parallelism() } else { gemm::Parallelism::None };
     gx.par_chunks_exact_mut(c * h * w).enumerate().for_each(|(img, dx)| {
         let dy = &gy[img * o * oh * ow..][..o * oh * ow];
         let mut cols = Vec::new();

@@ -4,6 +4,8 @@
 use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
+use super::gemm::pool_parallelism;
+
 /// The sizes of a transposed conv whose kernel equals its stride: input `[b, c, h, w]`, weight
 /// `[c, o, k, k]`, output `[b, o, h·k, w·k]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,12 +29,6 @@ impl Blocks {
     }
 }
 
-fn threads() -> gemm::Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => gemm::Parallelism::None,
-        t => gemm::Parallelism::Rayon(t),
-    }
-}
 
 /// `x [B, C, H, W]` → `[B, O, H·k, W·k]` for a weight `[C, O, k, k]` (kernel = stride): output
 /// pixel `(y·k + i, x·k + j)` of channel `o` is `bias[o] + Σ_c x[c, y, x] · w[c, o, i, j]`.
@@ -70,7 +66,7 @@ pub(crate) fn blocks_forward(g: &Blocks, xs: &[f32], weight: &[f32], bias: Optio
                 blocks.as_mut_ptr(), 1, hw as isize, false,
                 weight.as_ptr(), rows as isize, 1,
                 img.as_ptr(), 1, hw as isize,
-                0.0, 1.0, false, false, false, threads(),
+                0.0, 1.0, false, false, false, pool_parallelism(),
             );
         }
         // Output row y·k + i of channel `oc` takes, for each j, block row (oc, i, j)'s row y.
@@ -118,11 +114,11 @@ pub(crate) fn blocks_backward(g: &Blocks, xs: &[f32], weight: &[f32], gy: &[f32]
         gather_blocks(g, dy, &mut blocks);
         if want.0 {
             // dx[c, hw] = w[c, rows] · blocks[rows, hw].
-            crate::kernels::gemm::product(&mut dx[i * c * hw..][..c * hw], (c, hw, rows), weight, false, &blocks, false, 1.0, false, threads());
+            crate::kernels::gemm::product(&mut dx[i * c * hw..][..c * hw], (c, hw, rows), weight, false, &blocks, false, 1.0, false, pool_parallelism());
         }
         if want.1 {
             // dw[c, rows] += x[c, hw] · blocks[rows, hw]ᵀ.
-            crate::kernels::gemm::product(&mut dw, (c, rows, hw), &xs[i * c * hw..][..c * hw], false, &blocks, true, 1.0, true, threads());
+            crate::kernels::gemm::product(&mut dw, (c, rows, hw), &xs[i * c * hw..][..c * hw], false, &blocks, true, 1.0, true, pool_parallelism());
         }
     }
     Some((dx, dw))

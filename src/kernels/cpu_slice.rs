@@ -18,6 +18,12 @@ pub(crate) fn contiguous_f32<'a>(s: &'a candle_core::CpuStorage, l: &candle_core
     Ok(&s.as_slice::<f32>()?[start..end])
 }
 
+/// `f` on the f32 elements of one CPU tensor (made contiguous first, borrowed); an error for other
+/// devices and dtypes.
+pub(crate) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<R>) -> Result<R> {
+    with_contiguous(t, f)?.ok_or_else(|| candle_core::Error::Msg(format!("expected an f32 CPU tensor, got {:?} on {:?}", t.dtype(), t.device())))?
+}
+
 /// `f` on the f32 elements of two CPU tensors (each made contiguous first, borrowed, not copied); an
 /// error for other devices and dtypes.
 pub(crate) fn with_f32_pair<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> Result<R>) -> Result<R> {

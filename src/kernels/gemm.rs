@@ -317,6 +317,14 @@ pub fn cpu_xw_plus_bias(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle
     cpu_f32_product(x, w, bias, Post::None)
 }
 
+/// The `gemm` crate's parallelism over every thread of the rayon pool (none with one thread).
+pub(crate) fn pool_parallelism() -> gemm::Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => gemm::Parallelism::None,
+        t => gemm::Parallelism::Rayon(t),
+    }
+}
+
 /// `dst[n × m] (+)= beta · a · b` for row-major `a` (`n × k`, transposed: stored `k × n`) and `b`
 /// (`k × m`, transposed: stored `m × k`).
 #[allow(clippy::too_many_arguments)]

@@ -3,7 +3,7 @@
 //! by a broadcast whose backward is a strided reduction, and keeps the product and the sum apart.
 use rayon::prelude::*;
 
-use super::gemm::product;
+use super::gemm::{pool_parallelism, product};
 
 /// Rows per parallel task of the bias gradient's column sums.
 const ROWS_PER_TASK: usize = 256;
@@ -18,12 +18,6 @@ pub(crate) struct Sizes {
     pub(crate) transposed: bool,
 }
 
-fn threads() -> gemm::Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => gemm::Parallelism::None,
-        t => gemm::Parallelism::Rayon(t),
-    }
-}
 
 impl Sizes {
     fn fits(&self, x: &[f32], w: &[f32]) -> bool {
@@ -40,7 +34,7 @@ pub(crate) fn forward(s: &Sizes, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> 
     if let Some(b) = bias {
         y.par_chunks_mut(s.n.max(1) * ROWS_PER_TASK).for_each(|rows| rows.chunks_exact_mut(s.n.max(1)).for_each(|r| r.copy_from_slice(b)));
     }
-    product(&mut y, (s.rows, s.n, s.k), x, false, w, !s.transposed, 1.0, bias.is_some(), threads());
+    product(&mut y, (s.rows, s.n, s.k), x, false, w, !s.transposed, 1.0, bias.is_some(), pool_parallelism());
     Some(y)
 }
 
@@ -50,7 +44,7 @@ pub(crate) fn input_grad(s: &Sizes, w: &[f32], g: &[f32]) -> Option<Vec<f32>> {
         return None;
     }
     let mut dx = vec![0f32; s.rows * s.k];
-    product(&mut dx, (s.rows, s.k, s.n), g, false, w, s.transposed, 1.0, false, threads());
+    product(&mut dx, (s.rows, s.k, s.n), g, false, w, s.transposed, 1.0, false, pool_parallelism());
     Some(dx)
 }
 
@@ -61,9 +55,9 @@ pub(crate) fn weight_grad(s: &Sizes, x: &[f32], g: &[f32]) -> Option<Vec<f32>> {
     }
     let mut dw = vec![0f32; s.k * s.n];
     if s.transposed {
-        product(&mut dw, (s.k, s.n, s.rows), x, true, g, false, 1.0, false, threads());
+        product(&mut dw, (s.k, s.n, s.rows), x, true, g, false, 1.0, false, pool_parallelism());
     } else {
-        product(&mut dw, (s.n, s.k, s.rows), g, true, x, false, 1.0, false, threads());
+        product(&mut dw, (s.n, s.k, s.rows), g, true, x, false, 1.0, false, pool_parallelism());
     }
     Some(dw)
 }

@@ -8,7 +8,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Module, Resul
 use candle_nn::ConvTranspose2dConfig;
 
 use crate::kernels::conv_transpose::{blocks_backward, blocks_by_gemm, blocks_forward, Blocks};
-use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32, with_f32_pair};
 
 /// A transposed conv layer: weight `[in, out, k, k]`, optional bias `[out]`.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ impl TrainBlocks {
         let want = (x.track_op(), w.track_op());
         let (dx, dw) = crate::profile::tally("conv transpose backward", || {
             with_f32_pair(x, w, |xs, ws| {
-                with_f32_pair(&gy, &gy, |dy, _| blocks_backward(g, xs, ws, dy, want).ok_or_else(|| candle_core::Error::Msg(format!("conv_transpose2d backward: operand sizes do not match {g:?}"))))
+                with_f32(&gy, |dy| blocks_backward(g, xs, ws, dy, want).ok_or_else(|| candle_core::Error::Msg(format!("conv_transpose2d backward: operand sizes do not match {g:?}"))))
             })
         })?;
         let gx = if want.0 { Some(Tensor::from_vec(dx, x.shape(), x.device())?) } else { None };
@@ -96,7 +96,7 @@ impl TrainBlocks {
         let gb = match bias {
             Some(b) if b.track_op() => {
                 let pixels = g.h * g.k * g.w * g.k;
-                Some(Tensor::from_vec(with_f32_pair(&gy, &gy, |dy, _| Ok(crate::kernels::conv_grad::bias_grad(g.b, g.o, pixels, dy)))?, g.o, b.device())?)
+                Some(Tensor::from_vec(with_f32(&gy, |dy| Ok(crate::kernels::conv_grad::bias_grad(g.b, g.o, pixels, dy)))?, g.o, b.device())?)
             }
             _ => None,
         };

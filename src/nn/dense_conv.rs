@@ -6,7 +6,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape
 
 use crate::kernels::conv2d::Dense;
 use crate::kernels::conv_grad::{bias_grad, input_grad, weight_grad};
-use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32, with_f32_pair};
 
 /// Whether [`conv`] runs `x` by `w` (f32 on the CPU, one group, no dilation).
 pub(crate) fn applies(x: &Tensor, w: &Tensor, groups: usize, dilation: usize) -> bool {
@@ -68,7 +68,7 @@ impl DenseConv {
             None
         };
         let gb = match bias {
-            Some(b) if b.track_op() => Some(Tensor::from_vec(with_f32_pair(&gy, &gy, |dy, _| Ok(bias_grad(g.b, g.o, oh * ow, dy)))?, g.o, dev)?),
+            Some(b) if b.track_op() => Some(Tensor::from_vec(with_f32(&gy, |dy| Ok(bias_grad(g.b, g.o, oh * ow, dy)))?, g.o, dev)?),
             _ => None,
         };
         Ok([gx, gw, gb])

@@ -7,7 +7,7 @@ use candle_nn::LayerNorm;
 
 use candle_core::Result;
 
-use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32, with_f32_pair};
 
 /// Whether a backward pass could reach through `t` (a trainable `Var`, or computed from one).
 pub fn records(t: &Tensor) -> bool {
@@ -52,7 +52,7 @@ impl candle_core::CustomOp1 for TrainBilinear {
     fn bwd(&self, x: &Tensor, _y: &Tensor, gy: &Tensor) -> Result<Option<Tensor>> {
         let (_, _, h, w) = x.dims4()?;
         let gy = gy.to_dtype(DType::F32)?;
-        let gx = with_f32_pair(&gy, &gy, |dy, _| Ok(crate::profile::tally("bilinear backward", || crate::kernels::bilinear_cpu::resize_backward(dy, (h, w), self.size, self.align_corners))))?;
+        let gx = with_f32(&gy, |dy| Ok(crate::profile::tally("bilinear backward", || crate::kernels::bilinear_cpu::resize_backward(dy, (h, w), self.size, self.align_corners))))?;
         Tensor::from_vec(gx, x.shape(), x.device()).map(Some)
     }
 }

@@ -3,7 +3,7 @@
 //! that records.
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use crate::kernels::cpu_slice::{contiguous_f32, with_f32_pair};
+use crate::kernels::cpu_slice::{contiguous_f32, with_f32, with_f32_pair};
 use crate::kernels::linear_train::{bias_grad, forward, input_grad, weight_grad, Sizes};
 
 /// Whether [`linear`] runs `x` by `w`: f32 on the CPU, something recording.
@@ -57,7 +57,7 @@ impl TrainLinear {
             None
         };
         let gb = match bias {
-            Some(b) if b.track_op() => Some(Tensor::from_vec(with_f32_pair(&g, &g, |g, _| Ok(bias_grad(s.n, g)))?, s.n, b.device())?),
+            Some(b) if b.track_op() => Some(Tensor::from_vec(with_f32(&g, |g| Ok(bias_grad(s.n, g)))?, s.n, b.device())?),
             _ => None,
         };
         Ok([gx, gw, gb])
